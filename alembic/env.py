@@ -1,0 +1,53 @@
+"""Alembic environment: async engine, every run serialised by a transaction-level advisory lock."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from alembic import context
+from shared.db import sqlalchemy_url
+from shared.migrations import MIGRATION_LOCK_KEY, SCHEMA, VERSION_TABLE
+
+config = context.config
+
+
+def _database_url() -> str:
+    url = config.get_main_option("sqlalchemy.url") or os.environ.get("DATABASE_URL")
+    url = url or os.environ.get("TASKFLEET_DATABASE_URL")
+    if not url:
+        raise SystemExit("DATABASE_URL is not set")
+    return sqlalchemy_url(url)
+
+
+def _run(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        version_table=VERSION_TABLE,
+        version_table_schema=SCHEMA,
+        transaction_per_migration=False,
+    )
+    with context.begin_transaction():
+        # Concurrent `taskfleet migrate` runs queue here; the second sees the schema at head.
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+        context.run_migrations()
+
+
+async def _main() -> None:
+    engine = create_async_engine(_database_url())
+    try:
+        async with engine.connect() as connection:
+            await connection.run_sync(_run)
+            await connection.commit()
+    finally:
+        await engine.dispose()
+
+
+if context.is_offline_mode():
+    raise SystemExit("offline (--sql) migrations are not supported")
+asyncio.run(_main())

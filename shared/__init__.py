@@ -1,0 +1,1 @@
+"""taskfleet's shared library: schema, named SQL, pure scheduling policy, protocol, settings."""

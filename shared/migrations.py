@@ -1,0 +1,61 @@
+"""Running the Alembic migrations (``taskfleet migrate``) and checking the schema is at head."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+SCHEMA = "taskfleet"
+VERSION_TABLE = "alembic_version"
+#: Key of the advisory lock every migration run holds for its transaction.
+MIGRATION_LOCK_KEY = 7_243_118_001
+
+
+def script_location() -> str:
+    """The migrations folder: the repo's ``alembic/`` when run from a checkout, else the
+    installed ``taskfleet_migrations`` package (the same folder, packaged)."""
+    repo_dir = Path(__file__).resolve().parent.parent / "alembic"
+    if (repo_dir / "env.py").exists():
+        return str(repo_dir)
+    spec = importlib.util.find_spec("taskfleet_migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the taskfleet migrations are not installed")
+    return str(next(iter(spec.submodule_search_locations)))
+
+
+def _config(database_url: str):  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", script_location())
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    return config
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(script_location())
+    head = script.get_current_head()
+    if head is None:
+        raise RuntimeError("no migration head")
+    return head
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    """``alembic upgrade`` under the advisory lock. Blocking; runs its own event loop."""
+    from alembic import command
+
+    command.upgrade(_config(database_url), revision)
+
+
+def downgrade(database_url: str, revision: str) -> None:
+    from alembic import command
+
+    command.downgrade(_config(database_url), revision)
+
+
+async def upgrade_async(database_url: str, revision: str = "head") -> None:
+    """:func:`upgrade` from async code (the Alembic env starts its own event loop)."""
+    await asyncio.to_thread(upgrade, database_url, revision)

@@ -1,0 +1,1 @@
+"""Pure scheduling policy. No I/O, no database or web imports (checked by import-linter)."""

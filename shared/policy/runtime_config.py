@@ -1,0 +1,288 @@
+"""Runtime config: validation and normalisation of the wire parameters (SPEC §6).
+
+The API validates a request before enqueueing it, the update task validates it again, and every
+worker applies the normalised form. All three call :func:`normalise_runtime_config`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.policy.groups import GroupKey, group_weights
+from shared.policy.lanes import strict_cap
+
+KNOWN_FIELDS = frozenset(
+    {
+        "maxStrictPercentage",
+        "defaultWeight",
+        "labels",
+        "weights",
+        "labelWeights",
+        "requestID",
+        "notifyInterval",
+        "listenTimeout",
+    }
+)
+MAX_LABELS = 1000
+MAX_LABEL_LENGTH = 128
+MAX_REQUEST_ID_LENGTH = 200
+DEFAULT_NOTIFY_INTERVAL = 1.0
+DEFAULT_LISTEN_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One broken rule: the wire field (a path) and what the rule is."""
+
+    loc: tuple[str | int, ...]
+    msg: str
+
+
+class RuntimeConfigError(ValueError):
+    """Raised with every broken rule of a runtime-config request."""
+
+    def __init__(self, issues: list[ConfigIssue]) -> None:
+        self.issues = issues
+        super().__init__("; ".join(f"{'.'.join(map(str, i.loc))}: {i.msg}" for i in issues))
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """A normalised runtime config, as stored in ``worker_runtime_configs.payload``."""
+
+    max_strict_percentage: int = 100
+    default_weight: int = 1
+    label_weights: Mapping[str, int] = field(default_factory=dict)
+    notify_interval: float = DEFAULT_NOTIFY_INTERVAL
+    listen_timeout: float = DEFAULT_LISTEN_TIMEOUT
+    request_id: str = ""
+
+    def strict_cap(self, concurrency: int) -> int:
+        return strict_cap(concurrency, self.max_strict_percentage)
+
+    def group_weights(self) -> dict[GroupKey, int]:
+        return group_weights(self.label_weights, self.default_weight)
+
+    def to_payload(self) -> dict[str, Any]:
+        """The canonical stored form (wire names; labels sorted so equal configs compare equal)."""
+        return {
+            "maxStrictPercentage": self.max_strict_percentage,
+            "defaultWeight": self.default_weight,
+            "labelWeights": dict(sorted(self.label_weights.items())),
+            "notifyInterval": format_duration(self.notify_interval),
+            "listenTimeout": format_duration(self.listen_timeout),
+            "requestID": self.request_id,
+        }
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a Go-style duration (``"1s"``, ``"250ms"``, ``"1m30s"``) or a number of
+    seconds. Raises ``ValueError`` with the rule when it is not one."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration such as \"1s\" or \"500ms\"")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ValueError("must be a duration such as \"1s\" or \"500ms\"")
+        pos = 0
+        seconds = 0.0
+        for match in _DURATION_PART.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            pos = match.end()
+        if pos != len(text):
+            raise ValueError("must be a duration such as \"1s\" or \"500ms\"")
+    else:
+        raise ValueError("must be a duration such as \"1s\" or \"500ms\"")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("must be greater than 0")
+    if seconds > 3600:
+        raise ValueError("must be at most 1h")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact Go-style rendering for the durations we store."""
+    millis = round(seconds * 1000)
+    if millis % 1000 == 0:
+        return f"{millis // 1000}s"
+    return f"{millis}ms"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_label(value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]) -> bool:
+    if not isinstance(value, str) or not value.strip():
+        issues.append(ConfigIssue(loc, "label must be a non-empty string"))
+        return False
+    if len(value) > MAX_LABEL_LENGTH:
+        issues.append(ConfigIssue(loc, f"label must be at most {MAX_LABEL_LENGTH} characters"))
+        return False
+    return True
+
+
+def _check_weight(value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]) -> bool:
+    if not _is_int(value) or int(value) < 1:  # type: ignore[call-overload]
+        issues.append(ConfigIssue(loc, "weight must be an integer >= 1"))
+        return False
+    if int(value) > 1_000_000:  # type: ignore[call-overload]
+        issues.append(ConfigIssue(loc, "weight must be at most 1000000"))
+        return False
+    return True
+
+
+def normalise_runtime_config(
+    params: Mapping[str, Any],
+    *,
+    default_max_strict_percentage: int = 100,
+    base: RuntimeConfig | None = None,
+    generate_request_id: bool = True,
+) -> RuntimeConfig:
+    """Validate wire parameters and return the normalised config.
+
+    ``base`` is the latest config for a PATCH (fields not given keep its values); ``None`` is a
+    PUT, where an omitted field takes its fleet default. Raises :class:`RuntimeConfigError` that
+    lists every broken rule by field.
+    """
+    issues: list[ConfigIssue] = []
+    if not isinstance(params, Mapping):
+        raise RuntimeConfigError([ConfigIssue((), "body must be a JSON object")])
+    for key in params:
+        if key not in KNOWN_FIELDS:
+            issues.append(ConfigIssue((str(key),), "unknown field"))
+
+    if base is None:
+        pct = default_max_strict_percentage
+        default_weight = 1
+        label_weights: dict[str, int] = {}
+        notify_interval = DEFAULT_NOTIFY_INTERVAL
+        listen_timeout = DEFAULT_LISTEN_TIMEOUT
+    else:
+        pct = base.max_strict_percentage
+        default_weight = base.default_weight
+        label_weights = dict(base.label_weights)
+        notify_interval = base.notify_interval
+        listen_timeout = base.listen_timeout
+
+    if params.get("maxStrictPercentage") is not None:
+        value = params["maxStrictPercentage"]
+        if not _is_int(value) or not 0 <= value <= 100:
+            issues.append(ConfigIssue(("maxStrictPercentage",), "must be an integer in [0, 100]"))
+        else:
+            pct = value
+
+    if params.get("defaultWeight") is not None:
+        if _check_weight(params["defaultWeight"], ("defaultWeight",), issues):
+            default_weight = params["defaultWeight"]
+
+    has_pair = params.get("labels") is not None or params.get("weights") is not None
+    has_map = params.get("labelWeights") is not None
+    if has_pair and has_map:
+        issues.append(
+            ConfigIssue(("labelWeights",), "must not be given together with labels/weights")
+        )
+    elif has_pair:
+        labels, weights = params.get("labels"), params.get("weights")
+        if not isinstance(labels, list):
+            issues.append(ConfigIssue(("labels",), "must be a list of labels given with weights"))
+        if not isinstance(weights, list):
+            issues.append(ConfigIssue(("weights",), "must be a list of weights given with labels"))
+        if isinstance(labels, list) and isinstance(weights, list):
+            if len(labels) != len(weights):
+                issues.append(
+                    ConfigIssue(("weights",), "labels and weights must have equal lengths")
+                )
+            elif len(labels) > MAX_LABELS:
+                issues.append(ConfigIssue(("labels",), f"at most {MAX_LABELS} labels"))
+            else:
+                new_map: dict[str, int] = {}
+                for i, (label, weight) in enumerate(zip(labels, weights, strict=True)):
+                    ok_label = _check_label(label, ("labels", i), issues)
+                    ok_weight = _check_weight(weight, ("weights", i), issues)
+                    if ok_label and ok_weight:
+                        new_map[label] = weight  # a duplicate label: last wins
+                label_weights = new_map
+    elif has_map:
+        mapping = params["labelWeights"]
+        if not isinstance(mapping, Mapping):
+            issues.append(ConfigIssue(("labelWeights",), "must be an object label -> weight"))
+        elif len(mapping) > MAX_LABELS:
+            issues.append(ConfigIssue(("labelWeights",), f"at most {MAX_LABELS} labels"))
+        else:
+            new_map = {}
+            for label, weight in mapping.items():
+                ok_label = _check_label(label, ("labelWeights", str(label)), issues)
+                ok_weight = _check_weight(weight, ("labelWeights", str(label)), issues)
+                if ok_label and ok_weight:
+                    new_map[label] = weight
+            label_weights = new_map
+
+    for wire, attr in (("notifyInterval", "notify"), ("listenTimeout", "listen")):
+        if params.get(wire) is None:
+            continue
+        try:
+            seconds = parse_duration(params[wire])
+        except ValueError as exc:
+            issues.append(ConfigIssue((wire,), str(exc)))
+            continue
+        if attr == "notify":
+            notify_interval = seconds
+        else:
+            listen_timeout = seconds
+
+    request_id = params.get("requestID")
+    if request_id is not None and (
+        not isinstance(request_id, str)
+        or not request_id.strip()
+        or len(request_id) > MAX_REQUEST_ID_LENGTH
+    ):
+        issues.append(
+            ConfigIssue(
+                ("requestID",),
+                f"must be a non-empty string of at most {MAX_REQUEST_ID_LENGTH} characters",
+            )
+        )
+        request_id = None
+
+    if issues:
+        raise RuntimeConfigError(issues)
+    if request_id is None:
+        request_id = str(uuid.uuid4()) if generate_request_id else ""
+    return RuntimeConfig(
+        max_strict_percentage=pct,
+        default_weight=default_weight,
+        label_weights=dict(sorted(label_weights.items())),
+        notify_interval=notify_interval,
+        listen_timeout=listen_timeout,
+        request_id=request_id,
+    )
+
+
+def config_from_payload(payload: Mapping[str, Any]) -> RuntimeConfig:
+    """Read a stored (already normalised) payload back. Tolerant: a stored row is trusted."""
+    return normalise_runtime_config(
+        {k: v for k, v in payload.items() if k in KNOWN_FIELDS}, generate_request_id=False
+    )

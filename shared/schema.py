@@ -1,0 +1,155 @@
+"""The database schema (Postgres schema ``taskfleet``), as SQLAlchemy Core metadata.
+
+Alembic migrations create it (they are written by hand and do not import this module); a test
+checks that the migrated database and this metadata agree, and that the Python enums below match
+the database's CHECK constraints.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+SCHEMA = "taskfleet"
+
+
+class TaskStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED_STATUSES
+
+
+FINISHED_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+
+
+class WorkerStatus(enum.StrEnum):
+    ONLINE = "online"
+    DRAINING = "draining"
+    OFFLINE = "offline"
+
+
+def _in(column: str, values: type[enum.StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
+
+
+metadata = MetaData(schema=SCHEMA)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("type", Text, nullable=False),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("weight", Integer, nullable=False, server_default=text("1")),
+    Column("labels", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("3")),
+    Column("run_after", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("timeout", Double, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("started_at", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    Column("worker_id", Text, nullable=True),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    Column("result", JSONB, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("unique_key", Text, nullable=True),
+    Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
+    CheckConstraint(_in("status", TaskStatus), name="tasks_status_valid"),
+    CheckConstraint("priority >= 0", name="tasks_priority_nonnegative"),
+    CheckConstraint("weight >= 1", name="tasks_weight_positive"),
+    CheckConstraint("max_attempts >= 1", name="tasks_max_attempts_positive"),
+    CheckConstraint("timeout IS NULL OR timeout > 0", name="tasks_timeout_positive"),
+    # Claim paths: one partial index per lane, in exactly the lane's claim order, so a claim is an
+    # index scan over pending rows only, however many finished rows the table holds.
+    Index(
+        "tasks_claim_strict_idx",
+        text("priority DESC"),
+        "created_at",
+        "id",
+        postgresql_where=text("status = 'pending' AND priority > 0"),
+    ),
+    Index(
+        "tasks_claim_normal_idx",
+        text("weight DESC"),
+        "created_at",
+        "id",
+        postgresql_where=text("status = 'pending' AND priority = 0"),
+    ),
+    # Lease sweep and heartbeat.
+    Index(
+        "tasks_running_lease_idx",
+        "lease_expires_at",
+        postgresql_where=text("status = 'running'"),
+    ),
+    Index("tasks_running_worker_idx", "worker_id", postgresql_where=text("status = 'running'")),
+    # unique_key is unique while the task is not finished.
+    Index(
+        "tasks_unique_key_idx",
+        "unique_key",
+        unique=True,
+        postgresql_where=text("unique_key IS NOT NULL AND status IN ('pending', 'running')"),
+    ),
+    # Listing filters (newest first, keyset on id).
+    Index("tasks_status_id_idx", "status", text("id DESC")),
+    Index("tasks_type_id_idx", "type", text("id DESC")),
+    Index("tasks_labels_idx", "labels", postgresql_using="gin"),
+    # The runtime-config request of an update task.
+    Index(
+        "tasks_runtime_config_request_idx",
+        text("(payload ->> 'requestID')"),
+        postgresql_where=text("type = 'updateWorkerRuntimeConfig'"),
+    ),
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'online'")),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_heartbeat", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("heartbeat_interval", Double, nullable=False, server_default=text("3")),
+    Column("applied_config_version", BigInteger, nullable=False, server_default=text("0")),
+    Column("inflight", Integer, nullable=False, server_default=text("0")),
+    Column("strict_inflight", Integer, nullable=False, server_default=text("0")),
+    Column("metrics_port", Integer, nullable=True),
+    CheckConstraint(_in("status", WorkerStatus), name="workers_status_valid"),
+)
+
+worker_runtime_configs = Table(
+    "worker_runtime_configs",
+    metadata,
+    Column("version", BigInteger, Identity(always=False), primary_key=True),
+    Column("request_id", Text, nullable=False, unique=True),
+    Column("payload", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)

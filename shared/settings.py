@@ -1,0 +1,143 @@
+"""Typed settings, one class per process, read from ``TASKFLEET_*`` variables (SPEC §11)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from shared.db import DatabaseURL
+
+
+def _split_csv(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class CommonSettings(BaseSettings):
+    """Settings every taskfleet process reads."""
+
+    model_config = SettingsConfigDict(env_prefix="TASKFLEET_", extra="ignore", frozen=True)
+
+    database_url: DatabaseURL = Field(
+        validation_alias=AliasChoices("TASKFLEET_DATABASE_URL", "DATABASE_URL", "database_url"),
+        description="postgresql://... or postgresql+asyncpg://... (both accepted).",
+    )
+    listen_database_url: DatabaseURL | None = Field(
+        default=None,
+        description="Optional URL for LISTEN connections (PgBouncer in transaction mode in front "
+        "of DATABASE_URL cannot LISTEN). Defaults to DATABASE_URL.",
+    )
+    task_modules: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated importable modules whose handlers are registered, besides "
+        "the built-in demo handlers.",
+    )
+    default_max_strict_percentage: int = Field(
+        default=100, ge=0, le=100, description="maxStrictPercentage when a PUT omits it."
+    )
+    log_level: str = Field(default="INFO", description="Python logging level name.")
+
+    _split_modules = field_validator("task_modules", mode="before")(_split_csv)
+
+    @property
+    def listen_url(self) -> DatabaseURL:
+        return self.listen_database_url or self.database_url
+
+
+class WorkerSettings(CommonSettings):
+    """A worker process. Timers are in seconds (floats allowed)."""
+
+    concurrency: int = Field(default=10, ge=1, le=10_000, description="Task slots (default 10).")
+    worker_id: str | None = Field(
+        default=None, max_length=200, description="Stable id; default hostname-pid-random."
+    )
+    metrics_host: str = Field(default="0.0.0.0", description="Bind address of /metrics, /healthz.")
+    metrics_port: int = Field(default=9100, ge=0, le=65535, description="0 picks a free port.")
+    poll_interval: float = Field(default=2.0, gt=0, description="Idle claim poll (default 2 s).")
+    heartbeat_interval: float = Field(default=3.0, gt=0, description="Heartbeat (default 3 s).")
+    lease_ttl: float = Field(default=30.0, gt=0, description="Task lease (default 30 s).")
+    sweep_interval: float = Field(default=5.0, gt=0, description="Lease sweep (default 5 s).")
+    runtime_config_poll_interval: float = Field(
+        default=5.0, gt=0, description="Fallback config read when NOTIFY is lost (default 5 s)."
+    )
+    drain_timeout: float = Field(
+        default=20.0, ge=0, description="SIGTERM: time running tasks get to finish (default 20 s)."
+    )
+    listen_enabled: bool = Field(
+        default=True,
+        description="LISTEN for wake-ups and config notifications. Off only to test the poll "
+        "fallback.",
+    )
+    retry_base: float = Field(default=1.0, gt=0, description="Retry backoff base (default 1 s).")
+    retry_cap: float = Field(default=300.0, gt=0, description="Retry backoff cap (default 300 s).")
+
+    @model_validator(mode="after")
+    def _timers_fit_together(self) -> WorkerSettings:
+        if self.lease_ttl <= 2 * self.heartbeat_interval:
+            raise ValueError(
+                "lease_ttl must be more than twice heartbeat_interval, or a live worker's lease "
+                "could expire between two heartbeats"
+            )
+        return self
+
+    def resolved_worker_id(self) -> str:
+        if self.worker_id:
+            return self.worker_id
+        import os
+        import secrets
+
+        return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class ApiSettings(CommonSettings):
+    """The HTTP control plane."""
+
+    host: str = Field(default="0.0.0.0")
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_tokens: SecretStr | None = Field(
+        default=None, description="Comma-separated role:token pairs, roles submit and admin."
+    )
+    auth_disabled: bool = Field(
+        default=False, description="Run with no authentication at all. Explicit opt-in only."
+    )
+    db_pool_size: int = Field(default=10, ge=1, le=200)
+
+    @model_validator(mode="after")
+    def _auth_is_configured(self) -> ApiSettings:
+        if not self.auth_disabled:
+            parse_tokens(self.api_tokens.get_secret_value() if self.api_tokens else "")
+        return self
+
+    def tokens(self) -> dict[str, str]:
+        """token -> role."""
+        if self.api_tokens is None:
+            return {}
+        return parse_tokens(self.api_tokens.get_secret_value())
+
+
+ROLES = ("submit", "admin")
+
+
+def parse_tokens(raw: str) -> dict[str, str]:
+    """Parse ``role:token,role:token``; raise ``ValueError`` naming the rule broken."""
+    tokens: dict[str, str] = {}
+    for pair in (p.strip() for p in raw.split(",")):
+        if not pair:
+            continue
+        role, sep, token = pair.partition(":")
+        if not sep or role not in ROLES or len(token) < 8:
+            raise ValueError(
+                "TASKFLEET_API_TOKENS must be comma-separated role:token pairs with role "
+                "submit or admin and a token of at least 8 characters"
+            )
+        tokens[token] = role
+    if not tokens:
+        raise ValueError(
+            "no API tokens configured: set TASKFLEET_API_TOKENS (e.g. admin:<secret>) or, to run "
+            "without authentication, TASKFLEET_AUTH_DISABLED=true"
+        )
+    return tokens
