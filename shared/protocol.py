@@ -1,0 +1,99 @@
+"""Postgres channels and their payloads (SPEC §5, §6), parsed defensively into a tagged union.
+
+A payload that does not parse is reported as :class:`Malformed` for the caller to log and drop;
+nothing here raises on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from shared.queries import TASK_READY_CHANNEL
+
+CONFIG_CHANNEL = "anclax_worker_runtime_config"
+CONFIG_ACK_CHANNEL = "anclax_worker_runtime_config_ack"
+CHANNELS = (TASK_READY_CHANNEL, CONFIG_CHANNEL, CONFIG_ACK_CHANNEL)
+
+#: Wake-up hint payload when the submitted work includes a control-lane task.
+CONTROL_HINT = "control"
+MAX_PAYLOAD_BYTES = 8000
+
+
+@dataclass(frozen=True)
+class TaskReady:
+    control: bool
+
+
+@dataclass(frozen=True)
+class ConfigUpdated:
+    request_id: str
+    version: int
+
+
+@dataclass(frozen=True)
+class ConfigAck:
+    request_id: str
+    worker_id: str
+    applied_version: int
+
+
+@dataclass(frozen=True)
+class Malformed:
+    channel: str
+    payload: str
+    reason: str
+
+
+Message = TaskReady | ConfigUpdated | ConfigAck | Malformed
+
+
+def config_updated_payload(request_id: str, version: int) -> str:
+    return json.dumps({"op": "up_config", "params": {"request_id": request_id, "version": version}})
+
+
+def config_ack_payload(request_id: str, worker_id: str, applied_version: int) -> str:
+    return json.dumps(
+        {
+            "op": "ack",
+            "params": {
+                "request_id": request_id,
+                "worker_id": worker_id,
+                "applied_version": applied_version,
+            },
+        }
+    )
+
+
+def _positive_int(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def parse(channel: str, payload: str) -> Message:
+    """Parse one notification. Never raises."""
+    if channel == TASK_READY_CHANNEL:
+        return TaskReady(control=payload == CONTROL_HINT)
+    if channel not in (CONFIG_CHANNEL, CONFIG_ACK_CHANNEL):
+        return Malformed(channel, payload[:200], "unknown channel")
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        return Malformed(channel, payload[:200], "not JSON")
+    if not isinstance(doc, dict) or not isinstance(doc.get("params"), dict):
+        return Malformed(channel, payload[:200], "expected {op, params}")
+    params = doc["params"]
+    request_id = params.get("request_id")
+    if not isinstance(request_id, str):
+        return Malformed(channel, payload[:200], "params.request_id must be a string")
+    if channel == CONFIG_CHANNEL:
+        version = _positive_int(params.get("version"))
+        if doc.get("op") != "up_config" or version is None:
+            return Malformed(channel, payload[:200], "expected op up_config with a version")
+        return ConfigUpdated(request_id, version)
+    applied = _positive_int(params.get("applied_version"))
+    worker_id = params.get("worker_id")
+    if doc.get("op") != "ack" or applied is None or not isinstance(worker_id, str):
+        return Malformed(channel, payload[:200], "expected op ack with worker_id, applied_version")
+    return ConfigAck(request_id, worker_id, applied)

@@ -1,0 +1,518 @@
+"""Every SQL statement taskfleet runs, each under a stable noun-first name.
+
+Statements are written with ``:name`` parameters. The API runs them through SQLAlchemy's
+``text()``; the worker's hot path runs them on raw asyncpg connections via :meth:`Query.positional`.
+Either way the text below is the only copy. JSON parameters are passed as JSON text and cast in
+SQL; jsonb results come back as Python objects (both access paths set that codec).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
+
+# Session-independent advisory lock key of the lease sweep (any worker may sweep, one at a time).
+SWEEP_LOCK_KEY = 7_243_118_002
+
+TASK_READY_CHANNEL = "taskfleet_task_ready"
+
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+@dataclass(frozen=True)
+class Query:
+    """One named SQL statement."""
+
+    name: str
+    sql: str
+    _positional: tuple[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        order: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            param = match.group(1)
+            if param not in order:
+                order.append(param)
+            return f"${order.index(param) + 1}"
+
+        object.__setattr__(self, "_positional", (_PARAM.sub(number, self.sql), tuple(order)))
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return self._positional[1]
+
+    def positional(self, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """The statement in asyncpg's ``$n`` form and its arguments in order."""
+        sql, order = self._positional
+        missing = [p for p in order if p not in params]
+        if missing:
+            raise KeyError(f"query {self.name} is missing parameters {missing}")
+        return sql, [params[p] for p in order]
+
+
+QUERIES: dict[str, Query] = {}
+
+
+def _query(name: str, sql: str) -> Query:
+    if name in QUERIES:
+        raise ValueError(f"duplicate query name {name}")
+    query = Query(name, sql.strip())
+    QUERIES[name] = query
+    return query
+
+
+_TASK_COLUMNS = """
+    t.id, t.type, t.payload, t.status, t.priority, t.weight, t.labels, t.attempts,
+    t.max_attempts, t.run_after, t.timeout, t.created_at, t.started_at, t.finished_at,
+    t.worker_id, t.lease_expires_at, t.result, t.last_error, t.unique_key, t.cancel_requested
+"""
+
+_ALIVE = "(w.status = 'online' AND w.last_heartbeat > now() - 3 * w.heartbeat_interval * interval '1 second')"
+
+# --------------------------------------------------------------------------------------------
+# Tasks: submission and queries (API)
+# --------------------------------------------------------------------------------------------
+
+task_insert_batch = _query(
+    "task_insert_batch",
+    f"""
+    WITH
+    -- The submitted tasks in order, each with its id drawn up front so the result can be
+    -- returned in submission order and deduplicated rows told apart from inserted ones.
+    input AS (
+        SELECT nextval(pg_get_serial_sequence('taskfleet.tasks', 'id')) AS id, i.*
+        FROM unnest(
+            CAST(:types AS text[]), CAST(:payloads AS text[]), CAST(:priorities AS int[]),
+            CAST(:weights AS int[]), CAST(:labels AS text[]), CAST(:max_attempts AS int[]),
+            CAST(:delays AS float8[]), CAST(:run_ats AS timestamptz[]),
+            CAST(:timeouts AS float8[]), CAST(:unique_keys AS text[])
+        ) WITH ORDINALITY AS i(type, payload, priority, weight, labels, max_attempts,
+                                delay, run_at, timeout, unique_key, ord)
+    ),
+    -- A unique_key that matches an unfinished task inserts nothing.
+    inserted AS (
+        INSERT INTO taskfleet.tasks AS t
+            (id, type, payload, priority, weight, labels, max_attempts, run_after, timeout,
+             unique_key)
+        SELECT id, type, CAST(payload AS jsonb), priority, weight,
+               ARRAY(SELECT jsonb_array_elements_text(CAST(labels AS jsonb))),
+               max_attempts,
+               COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))),
+               timeout, unique_key
+        FROM input
+        ORDER BY ord
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+        DO NOTHING
+        RETURNING {_TASK_COLUMNS}
+    ),
+    -- One wake-up per submitting statement, not per row; delivered at commit.
+    wake AS (SELECT pg_notify('{TASK_READY_CHANNEL}', CAST(:wake_hint AS text)) AS sent)
+    SELECT input.ord, input.unique_key AS input_unique_key, (inserted.id IS NULL) AS deduplicated,
+           inserted.*
+    FROM input
+    LEFT JOIN inserted ON inserted.id = input.id
+    CROSS JOIN wake
+    ORDER BY input.ord
+    """,
+)
+
+task_get_unfinished_by_unique_key = _query(
+    "task_get_unfinished_by_unique_key",
+    f"""
+    SELECT {_TASK_COLUMNS} FROM taskfleet.tasks t
+    WHERE t.unique_key = CAST(:unique_key AS text) AND t.status IN ('pending', 'running')
+    """,
+)
+
+task_get = _query(
+    "task_get",
+    f"SELECT {_TASK_COLUMNS} FROM taskfleet.tasks t WHERE t.id = CAST(:id AS bigint)",
+)
+
+task_list = _query(
+    "task_list",
+    f"""
+    SELECT {_TASK_COLUMNS} FROM taskfleet.tasks t
+    WHERE (CAST(:status AS text) IS NULL OR t.status = CAST(:status AS text))
+      AND (CAST(:type AS text) IS NULL OR t.type = CAST(:type AS text))
+      AND (CAST(:label AS text) IS NULL OR t.labels @> ARRAY[CAST(:label AS text)])
+      AND (CAST(:before_id AS bigint) IS NULL OR t.id < CAST(:before_id AS bigint))
+    ORDER BY t.id DESC
+    LIMIT CAST(:limit AS int)
+    """,
+)
+
+task_cancel = _query(
+    "task_cancel",
+    f"""
+    -- pending: cancelled at once; running: flagged, the worker's heartbeat picks the flag up.
+    UPDATE taskfleet.tasks t
+    SET status = CASE WHEN t.status = 'pending' THEN 'cancelled' ELSE t.status END,
+        finished_at = CASE WHEN t.status = 'pending' THEN now() ELSE t.finished_at END,
+        last_error = CASE WHEN t.status = 'pending' THEN 'cancelled before it started'
+                          ELSE t.last_error END,
+        cancel_requested = true
+    WHERE t.id = CAST(:id AS bigint) AND t.status IN ('pending', 'running')
+    RETURNING {_TASK_COLUMNS}
+    """,
+)
+
+task_status_many = _query(
+    "task_status_many",
+    "SELECT t.id, t.status FROM taskfleet.tasks t WHERE t.id = ANY(CAST(:ids AS bigint[]))",
+)
+
+task_queue_stats = _query(
+    "task_queue_stats",
+    f"""
+    -- Pending depth and oldest ready age per lane and normal-lane group (metrics, at scrape).
+    SELECT lane, grp, count(*) AS depth,
+           CAST(COALESCE(EXTRACT(EPOCH FROM now() - min(run_after)
+                                 FILTER (WHERE run_after <= now())), 0) AS float8)
+               AS oldest_ready_seconds
+    FROM (
+        SELECT CASE WHEN t.priority >= {CONTROL_PRIORITY} THEN 'control'
+                    WHEN t.priority > 0 THEN 'strict' ELSE 'normal' END AS lane,
+               CASE WHEN t.priority = 0 THEN
+                    COALESCE((SELECT min(l COLLATE "C") FROM unnest(t.labels) AS l
+                              WHERE l = ANY(CAST(:configured AS text[]))), 'default')
+               END AS grp,
+               t.run_after
+        FROM taskfleet.tasks t
+        WHERE t.status = 'pending'
+    ) pending
+    GROUP BY lane, grp
+    """,
+)
+
+task_status_counts = _query(
+    "task_status_counts",
+    "SELECT t.status, count(*) AS n FROM taskfleet.tasks t GROUP BY t.status",
+)
+
+# --------------------------------------------------------------------------------------------
+# Tasks: the worker's hot path
+# --------------------------------------------------------------------------------------------
+
+task_claim = _query(
+    "task_claim",
+    f"""
+    WITH
+    -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
+    -- cap, into the worker's extra control slot (control_limit is 0 or 1).
+    control AS (
+        SELECT t.id FROM taskfleet.tasks t
+        WHERE t.status = 'pending' AND t.priority = {CONTROL_PRIORITY} AND t.run_after <= now()
+        ORDER BY t.priority DESC, t.created_at, t.id
+        LIMIT CAST(:control_limit AS int)
+        FOR UPDATE SKIP LOCKED
+    ),
+    -- Strict lane: priority > 0, up to the free strict slots (cap minus strict in flight).
+    strict AS (
+        SELECT t.id FROM taskfleet.tasks t
+        WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
+          AND t.run_after <= now()
+        ORDER BY t.priority DESC, t.created_at, t.id
+        LIMIT CAST(:strict_limit AS int)
+        FOR UPDATE SKIP LOCKED
+    ),
+    -- Normal-lane quotas from the worker's weighted rotation: one row per group (NULL is the
+    -- default group), with the configured labels that sort before the group's own label: a task
+    -- belongs to its smallest configured label, so it must carry none of those.
+    quota AS (
+        SELECT q.grp, q.n,
+               ARRAY(SELECT c FROM unnest(CAST(:configured AS text[])) AS c
+                     WHERE c COLLATE "C" < q.grp COLLATE "C") AS smaller
+        FROM unnest(CAST(:group_keys AS text[]), CAST(:group_limits AS int[])) AS q(grp, n)
+        WHERE q.n > 0
+    ),
+    -- Normal lane: per group, its quota of tasks in (weight DESC, created_at, id) order.
+    normal AS (
+        SELECT picked.id
+        FROM quota
+        CROSS JOIN LATERAL (
+            SELECT t.id FROM taskfleet.tasks t
+            WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
+              AND CASE WHEN quota.grp IS NULL
+                       THEN NOT (t.labels && CAST(:configured AS text[]))
+                       ELSE t.labels @> ARRAY[quota.grp] AND NOT (t.labels && quota.smaller)
+                  END
+            ORDER BY t.weight DESC, t.created_at, t.id
+            LIMIT quota.n
+            FOR UPDATE OF t SKIP LOCKED
+        ) AS picked
+    ),
+    -- When the strict cap is full: is strict work waiting? (the saturation counter)
+    waiting AS (
+        SELECT CAST(:probe_strict AS boolean) AND EXISTS (
+            SELECT 1 FROM taskfleet.tasks t
+            WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
+              AND t.run_after <= now()
+        ) AS strict_waiting
+    ),
+    -- Take them all: running, leased, attempt counted.
+    claimed AS (
+        UPDATE taskfleet.tasks t
+        SET status = 'running',
+            worker_id = CAST(:worker_id AS text),
+            attempts = t.attempts + 1,
+            started_at = now(),
+            lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
+        FROM (SELECT id FROM control UNION ALL SELECT id FROM strict
+              UNION ALL SELECT id FROM normal) AS pick
+        WHERE t.id = pick.id
+        RETURNING t.id, t.type, t.payload, t.priority, t.weight, t.labels, t.attempts,
+                  t.max_attempts, t.timeout, t.cancel_requested,
+                  CAST(EXTRACT(EPOCH FROM now() - GREATEST(t.created_at, t.run_after)) AS float8) AS wait_seconds
+    )
+    -- Always one row at least, so the probe result comes back when nothing was claimed.
+    SELECT waiting.strict_waiting, claimed.*
+    FROM waiting LEFT JOIN claimed ON true
+    """,
+)
+
+task_finish_batch = _query(
+    "task_finish_batch",
+    """
+    -- Several outcomes in one statement. Guarded by (worker_id, status = 'running'): a worker
+    -- that lost its lease changes nothing.
+    UPDATE taskfleet.tasks t
+    SET status = d.status,
+        result = CAST(d.result AS jsonb),
+        last_error = d.error,
+        finished_at = CASE WHEN d.status = 'pending' THEN NULL ELSE now() END,
+        run_after = CASE WHEN d.status = 'pending'
+                         THEN now() + make_interval(secs => d.retry_in) ELSE t.run_after END,
+        worker_id = CASE WHEN d.status = 'pending' THEN NULL ELSE t.worker_id END,
+        lease_expires_at = NULL
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:statuses AS text[]), CAST(:results AS text[]),
+                CAST(:errors AS text[]), CAST(:retry_in AS float8[]))
+         AS d(id, status, result, error, retry_in)
+    WHERE t.id = d.id AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
+    RETURNING t.id, t.status
+    """,
+)
+
+task_release = _query(
+    "task_release",
+    f"""
+    -- Graceful shutdown: give unfinished tasks back (the interrupted attempt is not counted).
+    WITH released AS (
+        UPDATE taskfleet.tasks t
+        SET status = 'pending', worker_id = NULL, lease_expires_at = NULL, run_after = now(),
+            attempts = GREATEST(t.attempts - 1, 0),
+            last_error = CAST(:reason AS text)
+        WHERE t.id = ANY(CAST(:ids AS bigint[])) AND t.worker_id = CAST(:worker_id AS text)
+          AND t.status = 'running'
+        RETURNING t.id
+    )
+    SELECT released.id FROM released
+    CROSS JOIN (SELECT pg_notify('{TASK_READY_CHANNEL}', '')) AS wake
+    """,
+)
+
+# --------------------------------------------------------------------------------------------
+# Workers
+# --------------------------------------------------------------------------------------------
+
+worker_register = _query(
+    "worker_register",
+    """
+    INSERT INTO taskfleet.workers AS w
+        (id, hostname, pid, concurrency, status, started_at, last_heartbeat, heartbeat_interval,
+         applied_config_version, metrics_port)
+    VALUES (CAST(:id AS text), CAST(:hostname AS text), CAST(:pid AS int),
+            CAST(:concurrency AS int), 'online', now(), now(),
+            CAST(:heartbeat_interval AS float8), CAST(:applied_config_version AS bigint),
+            CAST(:metrics_port AS int))
+    ON CONFLICT (id) DO UPDATE SET
+        hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, concurrency = EXCLUDED.concurrency,
+        status = 'online', started_at = now(), last_heartbeat = now(),
+        heartbeat_interval = EXCLUDED.heartbeat_interval,
+        applied_config_version = GREATEST(w.applied_config_version,
+                                          EXCLUDED.applied_config_version),
+        metrics_port = EXCLUDED.metrics_port, inflight = 0, strict_inflight = 0
+    """,
+)
+
+worker_tick = _query(
+    "worker_tick",
+    """
+    WITH
+    -- Heartbeat: the worker row.
+    heartbeat AS (
+        UPDATE taskfleet.workers w
+        SET last_heartbeat = now(), inflight = CAST(:inflight AS int),
+            strict_inflight = CAST(:strict_inflight AS int)
+        WHERE w.id = CAST(:worker_id AS text)
+        RETURNING w.id
+    ),
+    -- ... and the leases of all its running tasks, in the same statement.
+    leases AS (
+        UPDATE taskfleet.tasks t
+        SET lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
+        WHERE t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
+        RETURNING t.id, t.cancel_requested
+    ),
+    -- The sweep, when due, by one worker at a time (try-lock: a busy lock means someone sweeps).
+    sweep_lock AS (
+        SELECT CAST(:sweep AS boolean)
+               AND pg_try_advisory_xact_lock(CAST(:sweep_lock_key AS bigint)) AS held
+    ),
+    expired AS (
+        SELECT t.id FROM taskfleet.tasks t, sweep_lock
+        WHERE sweep_lock.held AND t.status = 'running' AND t.lease_expires_at < now()
+          AND t.worker_id IS DISTINCT FROM CAST(:worker_id AS text)
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    -- Expired leases: back to pending (the attempt stays counted), or failed when exhausted.
+    rescued AS (
+        UPDATE taskfleet.tasks t
+        SET status = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' END,
+            finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
+            last_error = 'lease expired: worker ' || COALESCE(t.worker_id, '?')
+                         || ' stopped heartbeating during attempt ' || t.attempts
+                         || ' of ' || t.max_attempts,
+            worker_id = CASE WHEN t.attempts >= t.max_attempts THEN t.worker_id END,
+            lease_expires_at = NULL,
+            run_after = now()
+        FROM expired
+        WHERE t.id = expired.id
+        RETURNING t.id, t.status
+    )
+    SELECT 'cancel' AS kind, leases.id AS id, NULL AS status FROM leases
+        WHERE leases.cancel_requested
+    UNION ALL SELECT 'rescued', rescued.id, rescued.status FROM rescued
+    UNION ALL SELECT 'config', (SELECT COALESCE(max(version), 0)
+                                FROM taskfleet.worker_runtime_configs), NULL
+    UNION ALL SELECT 'registered', count(*), NULL FROM heartbeat
+    UNION ALL SELECT 'wake', NULL, pg_notify('taskfleet_task_ready', '')::text
+        FROM (SELECT 1 FROM rescued WHERE rescued.status = 'pending' LIMIT 1) AS any_rescued
+    """,
+)
+
+worker_set_status = _query(
+    "worker_set_status",
+    """
+    UPDATE taskfleet.workers w
+    SET status = CAST(:status AS text), last_heartbeat = now(),
+        inflight = CAST(:inflight AS int), strict_inflight = CAST(:strict_inflight AS int)
+    WHERE w.id = CAST(:worker_id AS text)
+    """,
+)
+
+worker_list = _query(
+    "worker_list",
+    f"""
+    SELECT w.id, w.hostname, w.pid, w.concurrency, w.status, w.started_at, w.last_heartbeat,
+           w.heartbeat_interval, w.applied_config_version, w.inflight, w.strict_inflight,
+           w.metrics_port, {_ALIVE} AS alive
+    FROM taskfleet.workers w
+    ORDER BY {_ALIVE} DESC, w.started_at DESC, w.id
+    LIMIT CAST(:limit AS int)
+    """,
+)
+
+worker_applied_config = _query(
+    "worker_applied_config",
+    """
+    -- Only ever raised: a slow or replayed notification cannot move a worker back.
+    UPDATE taskfleet.workers w
+    SET applied_config_version = GREATEST(w.applied_config_version, CAST(:version AS bigint))
+    WHERE w.id = CAST(:worker_id AS text)
+    RETURNING w.applied_config_version
+    """,
+)
+
+# --------------------------------------------------------------------------------------------
+# Runtime config
+# --------------------------------------------------------------------------------------------
+
+runtime_config_latest = _query(
+    "runtime_config_latest",
+    """
+    SELECT c.version, c.request_id, c.payload, c.created_at
+    FROM taskfleet.worker_runtime_configs c
+    ORDER BY c.version DESC
+    LIMIT 1
+    """,
+)
+
+runtime_config_by_request = _query(
+    "runtime_config_by_request",
+    """
+    SELECT c.version, c.request_id, c.payload, c.created_at
+    FROM taskfleet.worker_runtime_configs c
+    WHERE c.request_id = CAST(:request_id AS text)
+    """,
+)
+
+runtime_config_insert = _query(
+    "runtime_config_insert",
+    """
+    -- One request id = one version, however often the update task is retried.
+    WITH inserted AS (
+        INSERT INTO taskfleet.worker_runtime_configs (request_id, payload)
+        VALUES (CAST(:request_id AS text), CAST(:payload AS jsonb))
+        ON CONFLICT (request_id) DO NOTHING
+        RETURNING version, created_at
+    )
+    SELECT version, created_at FROM inserted
+    UNION ALL
+    SELECT c.version, c.created_at FROM taskfleet.worker_runtime_configs c
+    WHERE c.request_id = CAST(:request_id AS text)
+    LIMIT 1
+    """,
+)
+
+runtime_config_convergence = _query(
+    "runtime_config_convergence",
+    f"""
+    -- Decided by the database, not by ACKs: the alive workers and the version each applied.
+    SELECT (SELECT COALESCE(max(version), 0) FROM taskfleet.worker_runtime_configs) AS latest,
+           count(w.id) AS alive_workers,
+           count(w.id) FILTER (WHERE w.applied_config_version >= CAST(:version AS bigint))
+               AS applied_workers,
+           COALESCE(array_agg(w.id ORDER BY w.id)
+                    FILTER (WHERE w.applied_config_version < CAST(:version AS bigint)),
+                    ARRAY[]::text[]) AS lagging,
+           CAST(EXTRACT(EPOCH FROM now() - (
+               SELECT c.created_at FROM taskfleet.worker_runtime_configs c
+               WHERE c.version = CAST(:version AS bigint))) AS float8) AS seconds_since_insert
+    FROM taskfleet.workers w
+    WHERE {_ALIVE}
+    """,
+)
+
+runtime_config_alive_applied = _query(
+    "runtime_config_alive_applied",
+    f"""
+    SELECT w.id, w.applied_config_version FROM taskfleet.workers w
+    WHERE {_ALIVE} ORDER BY w.id
+    """,
+)
+
+runtime_config_request_task = _query(
+    "runtime_config_request_task",
+    f"""
+    SELECT {_TASK_COLUMNS} FROM taskfleet.tasks t
+    WHERE t.type = '{RUNTIME_CONFIG_TASK_TYPE}' AND (t.payload ->> 'requestID') = CAST(:request_id AS text)
+    ORDER BY t.id DESC
+    LIMIT 1
+    """,
+)
+
+notify = _query(
+    "notify",
+    "SELECT pg_notify(CAST(:channel AS text), CAST(:payload AS text))",
+)
+
+schema_revision = _query(
+    "schema_revision",
+    "SELECT version_num FROM taskfleet.alembic_version",
+)
