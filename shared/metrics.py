@@ -11,7 +11,23 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+    900,
 )
 CONVERGENCE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -52,7 +68,8 @@ class WorkerMetrics:
                 registry=r,
             ),
             config_version=Gauge(
-                "anclax_worker_runtime_config_version", "Applied runtime config version.",
+                "anclax_worker_runtime_config_version",
+                "Applied runtime config version.",
                 registry=r,
             ),
             lagging_workers=Gauge(
@@ -108,7 +125,8 @@ class WorkerMetrics:
                 "taskfleet_worker_inflight_tasks", "Running tasks, by lane.", ["lane"], registry=r
             ),
             concurrency=Gauge(
-                "taskfleet_worker_concurrency", "Configured task slots (control slot excluded).",
+                "taskfleet_worker_concurrency",
+                "Configured task slots (control slot excluded).",
                 registry=r,
             ),
             listener_connected=Gauge(

@@ -97,13 +97,13 @@ def parse_duration(value: object) -> float:
     """Seconds from a Go-style duration (``"1s"``, ``"250ms"``, ``"1m30s"``) or a number of
     seconds. Raises ``ValueError`` with the rule when it is not one."""
     if isinstance(value, bool):
-        raise ValueError("must be a duration such as \"1s\" or \"500ms\"")
+        raise ValueError('must be a duration such as "1s" or "500ms"')
     if isinstance(value, (int, float)):
         seconds = float(value)
     elif isinstance(value, str):
         text = value.strip()
         if not text:
-            raise ValueError("must be a duration such as \"1s\" or \"500ms\"")
+            raise ValueError('must be a duration such as "1s" or "500ms"')
         pos = 0
         seconds = 0.0
         for match in _DURATION_PART.finditer(text):
@@ -112,9 +112,9 @@ def parse_duration(value: object) -> float:
             seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
             pos = match.end()
         if pos != len(text):
-            raise ValueError("must be a duration such as \"1s\" or \"500ms\"")
+            raise ValueError('must be a duration such as "1s" or "500ms"')
     else:
-        raise ValueError("must be a duration such as \"1s\" or \"500ms\"")
+        raise ValueError('must be a duration such as "1s" or "500ms"')
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError("must be greater than 0")
     if seconds > 3600:

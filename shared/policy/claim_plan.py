@@ -1,0 +1,118 @@
+"""Claim planning: how many tasks one claim round trip asks of each lane and group (SPEC §4-5).
+
+The worker's single scheduler loop asks the planner for a plan, runs the one claim statement with
+it, and reports back what it got. A lane or group that returned fewer tasks than asked is *dry*:
+it is left out of later plans, so the free slots go to the others at once (work-conserving), until
+something suggests new work (a wake-up notification, the poll interval, a sleep). The normal lane's
+quotas come from the smooth weighted rotation over the groups that are not dry, so groups with work
+share the capacity in proportion to their weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shared.policy.groups import GroupKey, SmoothWeightedRoundRobin, group_for_labels
+from shared.policy.lanes import Lane, lane_for_priority
+from shared.policy.runtime_config import RuntimeConfig
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """One claim round trip: per-lane limits and per-group quotas (``None`` = default group)."""
+
+    control: int = 0
+    strict: int = 0
+    groups: tuple[tuple[GroupKey, int], ...] = ()
+    #: Ask the database whether strict work is waiting (the strict cap is full).
+    probe_strict: bool = False
+
+    @property
+    def normal(self) -> int:
+        return sum(n for _, n in self.groups)
+
+    @property
+    def total(self) -> int:
+        return self.control + self.strict + self.normal
+
+    @property
+    def group_keys(self) -> list[GroupKey]:
+        return [g for g, _ in self.groups]
+
+    @property
+    def group_limits(self) -> list[int]:
+        return [n for _, n in self.groups]
+
+
+@dataclass
+class ClaimPlanner:
+    """Lane order, strict cap and group shares for one worker. Pure state, no I/O."""
+
+    concurrency: int
+    config: RuntimeConfig = field(default_factory=RuntimeConfig)
+    _rotation: SmoothWeightedRoundRobin = field(init=False)
+    _configured: frozenset[str] = field(init=False)
+    _dry_control: bool = field(init=False, default=False)
+    _dry_strict: bool = field(init=False, default=False)
+    _dry_groups: set[GroupKey] = field(init=False, default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.apply(self.config)
+
+    def apply(self, config: RuntimeConfig) -> None:
+        """Swap in a new config: cap and rotation recomputed. Running tasks are not touched;
+        a lower cap only stops new strict claims."""
+        self.config = config
+        self._rotation = SmoothWeightedRoundRobin(config.group_weights())
+        self._configured = frozenset(config.label_weights)
+        self.reset_dry()
+
+    @property
+    def strict_cap(self) -> int:
+        return self.config.strict_cap(self.concurrency)
+
+    @property
+    def configured_labels(self) -> list[str]:
+        return sorted(self._configured)
+
+    def reset_dry(self) -> None:
+        """Something suggests new work: try every lane and group again."""
+        self._dry_control = False
+        self._dry_strict = False
+        self._dry_groups.clear()
+
+    def control_possible(self) -> bool:
+        return not self._dry_control
+
+    def plan(self, *, free_slots: int, strict_inflight: int, control_free: bool) -> ClaimPlan:
+        """The next claim for ``free_slots`` regular slots (and the control slot if free)."""
+        control = 1 if control_free and not self._dry_control else 0
+        free = max(0, free_slots)
+        strict_room = max(0, self.strict_cap - strict_inflight)
+        strict = 0 if self._dry_strict else min(free, strict_room)
+        probe = free > 0 and strict_room == 0 and not self._dry_strict
+        normal_slots = free - strict
+        eligible = [g for g in self._rotation.groups if g not in self._dry_groups]
+        groups: tuple[tuple[GroupKey, int], ...] = ()
+        if normal_slots > 0 and eligible:
+            quotas = self._rotation.take(normal_slots, eligible)
+            groups = tuple((g, quotas[g]) for g in self._rotation.groups if g in quotas)
+        return ClaimPlan(control=control, strict=strict, groups=groups, probe_strict=probe)
+
+    def observe(self, plan: ClaimPlan, claimed: Mapping[tuple[Lane, GroupKey], int]) -> None:
+        """Record what a claim returned: whatever came back short is dry."""
+        if plan.control and claimed.get((Lane.CONTROL, None), 0) < plan.control:
+            self._dry_control = True
+        if plan.strict and claimed.get((Lane.STRICT, None), 0) < plan.strict:
+            self._dry_strict = True
+        for group, asked in plan.groups:
+            if claimed.get((Lane.NORMAL, group), 0) < asked:
+                self._dry_groups.add(group)
+
+    def classify(self, priority: int, labels: list[str]) -> tuple[Lane, GroupKey]:
+        """The lane and (normal lane only) group of a claimed task."""
+        lane = lane_for_priority(priority)
+        if lane is not Lane.NORMAL:
+            return lane, None
+        return lane, group_for_labels(labels, self._configured)
