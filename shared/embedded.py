@@ -55,26 +55,27 @@ def _is_under(path: Path, parent: Path) -> bool:
     return True
 
 
-def default_datadir(base: Path | None = None) -> Path:
-    """Where the embedded server keeps its data.
+def default_datadir(name: str = "pg", base: Path | None = None) -> Path:
+    """Where the embedded server keeps its data (``name`` tells servers apart: ``pg`` for
+    ``taskfleet dev``, ``pg-test`` for the test suite).
 
-    ``$TASKFLEET_EMBEDDED_PGDATA`` when set; else ``<base>/.taskfleet/pg``, where ``base`` is the
-    repository checkout (or the current directory when taskfleet is installed, not checked out);
-    else, when that would be under root's home while running as root, which pgserver's own user
-    cannot reach, ``<tempdir>/taskfleet-pg-<uid>-<hash of base>``.
+    ``$TASKFLEET_EMBEDDED_PGDATA`` when set; else ``<base>/.taskfleet/<name>``, where ``base`` is
+    the repository checkout (or the current directory when taskfleet is installed, not checked
+    out); but when that would be under root's home while running as root (pgserver would have to
+    open root's home to its own user), ``<tempdir>/taskfleet-<name>-<uid>-<hash of base>``.
     """
     override = os.environ.get(DATADIR_ENV)
     if override:
         return Path(override).expanduser().resolve()
     base = (base or _checkout_root() or Path.cwd()).resolve()
-    candidate = base / ".taskfleet" / "pg"
+    candidate = base / ".taskfleet" / name
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         import pwd
 
         root_home = Path(pwd.getpwuid(0).pw_dir)
         if root_home != Path("/") and _is_under(candidate, root_home):
             digest = hashlib.sha256(str(base).encode()).hexdigest()[:10]
-            return Path(tempfile.gettempdir()) / f"taskfleet-pg-{os.getuid()}-{digest}"
+            return Path(tempfile.gettempdir()) / f"taskfleet-{name}-{os.getuid()}-{digest}"
     return candidate
 
 

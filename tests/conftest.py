@@ -10,11 +10,22 @@ from tests.pg import TestDatabases
 
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:
-    """The Postgres server the tests use: DATABASE_URL when set."""
+    """The Postgres server the tests use: DATABASE_URL when set, else (or when
+    TASKFLEET_TEST_EMBEDDED=1) an embedded server started for this session and stopped after it."""
     url = os.environ.get("DATABASE_URL")
-    if not url:
-        pytest.fail("DATABASE_URL is not set: run the suite with the README's test command")
-    yield url
+    if url and os.environ.get("TASKFLEET_TEST_EMBEDDED") != "1":
+        yield url
+        return
+    from shared.embedded import default_datadir, start_embedded
+
+    try:
+        url, server = start_embedded(default_datadir("pg-test"))
+    except RuntimeError as exc:
+        pytest.fail(f"no DATABASE_URL and no embedded Postgres: {exc}")
+    try:
+        yield url
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
