@@ -72,7 +72,10 @@ _TASK_COLUMNS = """
     t.worker_id, t.lease_expires_at, t.result, t.last_error, t.unique_key, t.cancel_requested
 """
 
-_ALIVE = "(w.status = 'online' AND w.last_heartbeat > now() - 3 * w.heartbeat_interval * interval '1 second')"
+_ALIVE = (
+    "(w.status = 'online'"
+    " AND w.last_heartbeat > now() - 3 * w.heartbeat_interval * interval '1 second')"
+)
 
 # --------------------------------------------------------------------------------------------
 # Tasks: submission and queries (API)
@@ -268,7 +271,8 @@ task_claim = _query(
         WHERE t.id = pick.id
         RETURNING t.id, t.type, t.payload, t.priority, t.weight, t.labels, t.attempts,
                   t.max_attempts, t.timeout, t.cancel_requested,
-                  CAST(EXTRACT(EPOCH FROM now() - GREATEST(t.created_at, t.run_after)) AS float8) AS wait_seconds
+                  CAST(EXTRACT(EPOCH FROM now() - GREATEST(t.created_at, t.run_after))
+                       AS float8) AS wait_seconds
     )
     -- Always one row at least, so the probe result comes back when nothing was claimed.
     SELECT waiting.strict_waiting, claimed.*
@@ -391,6 +395,11 @@ worker_tick = _query(
     UNION ALL SELECT 'config', (SELECT COALESCE(max(version), 0)
                                 FROM taskfleet.worker_runtime_configs), NULL
     UNION ALL SELECT 'registered', count(*), NULL FROM heartbeat
+    -- Is a control-lane task waiting? (A fully busy worker still claims it into its spare slot.)
+    UNION ALL SELECT 'control_pending', t.id, NULL FROM (
+        SELECT c.id FROM taskfleet.tasks c
+        WHERE c.status = 'pending' AND c.priority = 2147483647 AND c.run_after <= now()
+        ORDER BY c.priority DESC, c.created_at, c.id LIMIT 1) AS t
     UNION ALL SELECT 'wake', NULL, pg_notify('taskfleet_task_ready', '')::text
         FROM (SELECT 1 FROM rescued WHERE rescued.status = 'pending' LIMIT 1) AS any_rescued
     """,
@@ -421,11 +430,18 @@ worker_list = _query(
 worker_applied_config = _query(
     "worker_applied_config",
     """
-    -- Only ever raised: a slow or replayed notification cannot move a worker back.
-    UPDATE taskfleet.workers w
-    SET applied_config_version = GREATEST(w.applied_config_version, CAST(:version AS bigint))
-    WHERE w.id = CAST(:worker_id AS text)
-    RETURNING w.applied_config_version
+    -- Only ever raised: a slow or replayed notification cannot move a worker back. The ACK is
+    -- sent in the same statement (delivered at commit, after the row says so).
+    WITH applied AS (
+        UPDATE taskfleet.workers w
+        SET applied_config_version = GREATEST(w.applied_config_version,
+                                              CAST(:version AS bigint))
+        WHERE w.id = CAST(:worker_id AS text)
+        RETURNING w.applied_config_version
+    )
+    SELECT applied.applied_config_version,
+           CAST(pg_notify('anclax_worker_runtime_config_ack', CAST(:ack AS text)) AS text) AS ack
+    FROM applied
     """,
 )
 
@@ -501,7 +517,8 @@ runtime_config_request_task = _query(
     "runtime_config_request_task",
     f"""
     SELECT {_TASK_COLUMNS} FROM taskfleet.tasks t
-    WHERE t.type = '{RUNTIME_CONFIG_TASK_TYPE}' AND (t.payload ->> 'requestID') = CAST(:request_id AS text)
+    WHERE t.type = '{RUNTIME_CONFIG_TASK_TYPE}'
+      AND (t.payload ->> 'requestID') = CAST(:request_id AS text)
     ORDER BY t.id DESC
     LIMIT 1
     """,

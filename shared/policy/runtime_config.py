@@ -194,9 +194,10 @@ def normalise_runtime_config(
         else:
             pct = value
 
-    if params.get("defaultWeight") is not None:
-        if _check_weight(params["defaultWeight"], ("defaultWeight",), issues):
-            default_weight = params["defaultWeight"]
+    if params.get("defaultWeight") is not None and _check_weight(
+        params["defaultWeight"], ("defaultWeight",), issues
+    ):
+        default_weight = params["defaultWeight"]
 
     has_pair = params.get("labels") is not None or params.get("weights") is not None
     has_map = params.get("labelWeights") is not None

@@ -1,0 +1,78 @@
+"""The worker's database connections: raw asyncpg, one per concern, reconnected after a failure.
+
+No pool: asyncpg's pool sends reset statements (UNLISTEN *, RESET ALL, ...) on every release,
+which a claim loop would pay on every round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import asyncpg
+
+from shared import db
+from shared.queries import Query
+
+log = logging.getLogger(__name__)
+
+#: Bound on any one statement, so a hung server cannot wedge a loop forever.
+STATEMENT_TIMEOUT = 30.0
+
+
+class Database:
+    """One connection used by one concern (claims, or finishes and ticks). Statements on it are
+    serialised; a broken connection is dropped and the next statement reconnects."""
+
+    def __init__(self, url: str, application_name: str) -> None:
+        self._url = url
+        self._application_name = application_name
+        self._conn: asyncpg.Connection | None = None
+        self._lock = asyncio.Lock()
+        self.healthy = False
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncio.wait_for(
+                db.connect(self._url, application_name=self._application_name),
+                STATEMENT_TIMEOUT,
+            )
+        return self._conn
+
+    async def fetch(self, query: Query, **params: Any) -> list[asyncpg.Record]:
+        sql, args = query.positional(params)
+        async with self._lock:
+            try:
+                conn = await self._connection()
+                rows: list[asyncpg.Record] = await conn.fetch(sql, *args, timeout=STATEMENT_TIMEOUT)
+            except asyncpg.PostgresError as exc:
+                # The server answered with an error: the connection is still good, unless the
+                # error is the server going away (admin shutdown, crash recovery, ...).
+                if isinstance(
+                    exc, (asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError)
+                ):
+                    self._discard()
+                self.healthy = False
+                raise
+            except BaseException:
+                # Network errors, timeouts, cancellation: the protocol state is unknown.
+                self._discard()
+                self.healthy = False
+                raise
+            self.healthy = True
+            return rows
+
+    def _discard(self) -> None:
+        if self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._conn is not None and not self._conn.is_closed():
+                try:
+                    await asyncio.wait_for(self._conn.close(), 5)
+                except (OSError, asyncpg.PostgresError, TimeoutError):
+                    self._conn.terminate()
+            self._conn = None

@@ -1,0 +1,112 @@
+"""LISTEN on a dedicated connection; reconnect with backoff; catch up after every (re)connect.
+
+Notifications are hints. Whatever they say, the worker re-reads the database row (the truth), so
+a lost notification costs latency, never correctness (the tick polls as a fallback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+
+import asyncpg
+
+from shared import db, protocol
+from shared.metrics import WorkerMetrics
+
+log = logging.getLogger("taskfleet.worker.listener")
+
+#: How often the idle listener checks (locally, no statement) that its socket is still open.
+CLOSED_CHECK_INTERVAL = 1.0
+
+
+class Listener:
+    def __init__(
+        self,
+        url: str,
+        *,
+        channels: Sequence[str],
+        on_message: Callable[[protocol.Message], None],
+        on_connect: Callable[[], Awaitable[None]],
+        metrics: WorkerMetrics,
+    ) -> None:
+        self._url = url
+        self._channels = tuple(channels)
+        self._on_message = on_message
+        self._on_connect = on_connect
+        self._metrics = metrics
+        self._task: asyncio.Task[None] | None = None
+        self._conn: asyncpg.Connection | None = None
+        #: Set while LISTENing; cleared while reconnecting.
+        self.connected = asyncio.Event()
+        self.reconnects = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="listener")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The listening connection's server pid (tests terminate it)."""
+        conn = self._conn
+        return conn.get_server_pid() if conn is not None and not conn.is_closed() else None
+
+    async def _run(self) -> None:
+        failures = 0
+        ever_connected = False
+        while True:
+            lost = asyncio.Event()
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncio.wait_for(
+                    db.connect(self._url, application_name="taskfleet-worker-listen"), 30
+                )
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                for channel in self._channels:
+                    await conn.add_listener(channel, self._deliver)
+                self._conn = conn
+                self.connected.set()
+                self._metrics.listener_connected.set(1)
+                if ever_connected:
+                    self.reconnects += 1
+                    self._metrics.listener_reconnects.inc()
+                    log.info("listener reconnected")
+                ever_connected = True
+                failures = 0
+                await self._on_connect()
+                while not lost.is_set() and not conn.is_closed():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lost.wait(), CLOSED_CHECK_INTERVAL)
+                log.warning("listener connection lost")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("listener: %s", exc)
+            finally:
+                self.connected.clear()
+                self._metrics.listener_connected.set(0)
+                self._conn = None
+                if conn is not None:
+                    conn.terminate()
+            failures += 1
+            delay = min(5.0, 0.05 * 2 ** min(failures, 10))
+            await asyncio.sleep(delay / 2 + random.random() * delay / 2)
+
+    def _deliver(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+        message = protocol.parse(channel, payload)
+        result = "malformed" if isinstance(message, protocol.Malformed) else "ok"
+        self._metrics.notifications.labels(channel, result).inc()
+        try:
+            self._on_message(message)
+        except Exception:  # a bad notification must never take the listener down
+            log.exception("handling a notification on %s failed", channel)

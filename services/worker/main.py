@@ -1,0 +1,46 @@
+"""``taskfleet worker``: one worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from services.worker.http import bind, create_server
+from services.worker.worker import Worker
+from shared.registry import load_registry
+from shared.settings import WorkerSettings
+
+log = logging.getLogger("taskfleet.worker")
+
+
+async def serve_worker(settings: WorkerSettings, worker: Worker | None = None) -> Worker:
+    """Run a worker with its HTTP port until it is stopped; returns the stopped worker."""
+    if worker is None:
+        worker = Worker(settings, load_registry(settings.task_modules))
+    sock = bind(settings.metrics_host, settings.metrics_port)
+    worker.metrics_port = sock.getsockname()[1]
+    server = create_server(worker, sock)
+    http_task = asyncio.create_task(server.serve(sockets=[sock]), name="worker-http")
+    log.info("worker %s: metrics and health on port %d", worker.id, worker.metrics_port)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, worker.request_stop)
+    try:
+        await worker.run()
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(http_task, 5)
+    return worker
+
+
+def run_worker_process(settings: WorkerSettings) -> int:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(serve_worker(settings))
+    return 0
