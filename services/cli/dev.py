@@ -40,7 +40,17 @@ _PLACEHOLDER_URL = "postgresql://localhost/settings-check"
 
 
 def _say(message: str) -> None:
-    typer.echo(f"taskfleet dev: {message}", err=True)
+    try:
+        typer.echo(f"taskfleet dev: {message}", err=True)
+    except OSError:  # e.g. `taskfleet dev | tee log` and Ctrl-C killed tee: keep shutting down
+        _silence_output()
+
+
+def _silence_output() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 @dataclass
@@ -258,7 +268,10 @@ def _banner(
         "Ctrl-C stops everything.",
         "",
     ]
-    typer.echo("\n".join(lines))
+    try:
+        typer.echo("\n".join(lines))
+    except OSError:
+        _silence_output()
 
 
 @app.command()
