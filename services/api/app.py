@@ -1,0 +1,78 @@
+"""``create_app(settings)``: the HTTP control plane, built from its settings.
+
+Nothing connects at import time or in ``create_app``: the lifespan creates the engine (its pool
+sized by ``db_pool_size``) and disposes of it. The API starts even when Postgres is down; it
+answers 503 until it is back, and ``/readyz`` says why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from services.api import health, tasks, workers
+from services.api.auth import Authenticator
+from services.api.database import Database
+from services.api.deps import ApiState
+from services.api.errors import install_error_handlers
+from services.api.metrics import install_metrics
+from shared.metrics import ApiMetrics
+from shared.migrations import head_revision
+from shared.registry import load_registry
+from shared.settings import ApiSettings
+
+log = logging.getLogger(__name__)
+
+#: Written separately; included when present, so the app works before and after it exists.
+RUNTIME_CONFIG_ROUTER_MODULE = "services.api.runtime_config"
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    """The FastAPI app of the control plane (SPEC §3, §7, §9)."""
+    if settings.auth_disabled:
+        log.warning(
+            "AUTHENTICATION IS DISABLED (TASKFLEET_AUTH_DISABLED=true): anyone who can reach "
+            "this API can submit and cancel tasks and change the fleet's runtime config"
+        )
+    metrics_registry = CollectorRegistry()
+    state = ApiState(
+        settings=settings,
+        registry=load_registry(settings.task_modules),
+        authenticator=Authenticator(settings.tokens(), disabled=settings.auth_disabled),
+        metrics_registry=metrics_registry,
+        metrics=ApiMetrics.create(metrics_registry),
+        head_revision=head_revision(),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state.database = Database.create(settings.database_url, pool_size=settings.db_pool_size)
+        try:
+            yield
+        finally:
+            database, state.database = state.database, None
+            await database.dispose()
+
+    app = FastAPI(
+        title="taskfleet",
+        summary="Postgres-backed tasks: strict priority lane, weighted fair normal lane.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.api = state
+    install_error_handlers(app)
+    install_metrics(app, state)
+    app.include_router(health.router)
+    app.include_router(tasks.batch_router)
+    app.include_router(tasks.router)
+    app.include_router(workers.router)
+    if importlib.util.find_spec(RUNTIME_CONFIG_ROUTER_MODULE) is not None:
+        module = importlib.import_module(RUNTIME_CONFIG_ROUTER_MODULE)
+        app.include_router(module.router)
+    return app

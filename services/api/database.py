@@ -1,0 +1,135 @@
+"""The API's database access: named queries over a SQLAlchemy async engine.
+
+Connection-level failures (server down, refusing connections, pool exhausted, database or schema
+missing) become :class:`DatabaseUnavailable`, which the app answers with a 503. Anything else, a
+constraint violation or a bad statement, is a bug and propagates as one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import sqlalchemy.exc
+from sqlalchemy import TextClause, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from shared.db import sqlalchemy_url
+from shared.queries import Query
+
+# SQLSTATE classes and codes that mean "the database cannot serve us now", not "we sent
+# something wrong": connection exceptions, operator intervention, insufficient resources.
+_UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
+_MISSING_DATABASE = "3D000"
+_MISSING_SCHEMA_OBJECTS = ("3F000", "42P01")  # invalid schema name, undefined table
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot be used right now; ``reason`` is safe to show to clients."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    orig = getattr(exc, "orig", None)
+    for candidate in (orig, getattr(orig, "__cause__", None), exc):
+        code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
+        if isinstance(code, str):
+            return code
+    return None
+
+
+def unavailable_reason(exc: BaseException) -> str | None:
+    """Why ``exc`` means the database is unavailable, or None when it means something else."""
+    if isinstance(exc, DatabaseUnavailable):
+        return exc.reason
+    if isinstance(exc, sqlalchemy.exc.TimeoutError):
+        return "database connection pool exhausted"
+    if isinstance(exc, OSError | TimeoutError):
+        # Refused, unreachable, DNS failure, connect timeout: asyncpg raises these unwrapped.
+        return "database unreachable"
+    if isinstance(exc, sqlalchemy.exc.DBAPIError):
+        code = _sqlstate(exc)
+        if exc.connection_invalidated or isinstance(exc, sqlalchemy.exc.InterfaceError):
+            return "database connection lost"
+        if code == _MISSING_DATABASE:
+            return "database does not exist"
+        if code in _MISSING_SCHEMA_OBJECTS:
+            return "database schema is not migrated (run taskfleet migrate)"
+        if code is not None and code.startswith(_UNAVAILABLE_SQLSTATE_CLASSES):
+            return "database unavailable"
+    return None
+
+
+@asynccontextmanager
+async def translated_errors() -> AsyncIterator[None]:
+    """Turn connection-level failures inside the block into :class:`DatabaseUnavailable`."""
+    try:
+        yield
+    except Exception as exc:
+        reason = unavailable_reason(exc)
+        if reason is None:
+            raise
+        raise DatabaseUnavailable(reason) from exc
+
+
+@functools.cache
+def _statement(query: Query) -> TextClause:
+    return text(query.sql)
+
+
+Row = dict[str, Any]
+
+
+async def fetch_all(conn: AsyncConnection, query: Query, **params: Any) -> list[Row]:
+    """Run a named query on ``conn``: its rows as dicts (jsonb as Python objects)."""
+    result = await conn.execute(_statement(query), params)
+    if not result.returns_rows:
+        return []
+    return [dict(row) for row in result.mappings()]
+
+
+async def fetch_one(conn: AsyncConnection, query: Query, **params: Any) -> Row | None:
+    rows = await fetch_all(conn, query, **params)
+    return rows[0] if rows else None
+
+
+class Database:
+    """The API's engine, with connection failures translated."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def create(cls, url: str, *, pool_size: int) -> Database:
+        engine = create_async_engine(
+            sqlalchemy_url(url),
+            pool_size=pool_size,
+            # The pool size is the API's whole budget of connections: no overflow beyond it.
+            max_overflow=0,
+            pool_timeout=10,
+            pool_pre_ping=True,
+            connect_args={"timeout": 5, "server_settings": {"application_name": "taskfleet-api"}},
+        )
+        return cls(engine)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a transaction, committed when the block exits without an error."""
+        async with translated_errors(), self.engine.begin() as conn:
+            yield conn
+
+    async def fetch_all(self, query: Query, **params: Any) -> list[Row]:
+        async with self.transaction() as conn:
+            return await fetch_all(conn, query, **params)
+
+    async def fetch_one(self, query: Query, **params: Any) -> Row | None:
+        async with self.transaction() as conn:
+            return await fetch_one(conn, query, **params)
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()

@@ -1,0 +1,62 @@
+"""What routes get from the app: its settings, registry, database and metrics.
+
+Everything is built by ``create_app`` and kept on ``app.state.api``; nothing is a module-level
+singleton. Routers written elsewhere (the runtime-config router) use these dependencies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import HTTPException, Request, status
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.api.auth import Authenticator
+from services.api.database import Database
+from shared.metrics import ApiMetrics
+from shared.registry import TaskRegistry
+from shared.settings import ApiSettings
+
+
+@dataclass
+class ApiState:
+    """The app's long-lived objects. ``database`` exists while the lifespan runs."""
+
+    settings: ApiSettings
+    registry: TaskRegistry
+    authenticator: Authenticator
+    metrics_registry: CollectorRegistry
+    metrics: ApiMetrics
+    head_revision: str
+    database: Database | None = field(default=None)
+
+
+def get_state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state
+
+
+def get_database(request: Request) -> Database:
+    database = get_state(request).database
+    if database is None:
+        # Only when the app is served without running its lifespan.
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "database unavailable")
+    return database
+
+
+def get_engine(request: Request) -> AsyncEngine:
+    """The app's SQLAlchemy async engine (pool sized by ``db_pool_size``)."""
+    return get_database(request).engine
+
+
+def get_settings(request: Request) -> ApiSettings:
+    return get_state(request).settings
+
+
+def get_registry(request: Request) -> TaskRegistry:
+    return get_state(request).registry
+
+
+def get_metrics(request: Request) -> ApiMetrics:
+    return get_state(request).metrics

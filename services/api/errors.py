@@ -1,0 +1,92 @@
+"""Error responses: always JSON, always naming the field and the rule.
+
+Validation problems (422) and oversized bodies (413) answer ``{"detail": [{"loc", "msg",
+"type"}, ...]}``; other refusals (401, 403, 404, 409, 503) answer ``{"detail": "<why>"}``. The
+submitted value is never echoed back: it may be large, or not even encodable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy.exc
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic_core import ErrorDetails
+
+from services.api.database import DatabaseUnavailable, unavailable_reason
+
+log = logging.getLogger(__name__)
+
+Loc = tuple[str | int, ...]
+
+
+class ApiError(Exception):
+    """A refusal with a status code and a list of ``{"loc", "msg", "type"}`` items."""
+
+    def __init__(self, status_code: int, errors: Sequence[dict[str, Any]]) -> None:
+        super().__init__(errors)
+        self.status_code = status_code
+        self.errors = list(errors)
+
+
+def error_item(loc: Loc, msg: str, type_: str) -> dict[str, Any]:
+    return {"loc": list(loc), "msg": msg, "type": type_}
+
+
+def pydantic_errors(
+    errors: Iterable[ErrorDetails | dict[str, Any]], prefix: Loc = ()
+) -> list[dict[str, Any]]:
+    """Pydantic's error list as ours, each location under ``prefix``."""
+    return [
+        error_item((*prefix, *error["loc"]), str(error["msg"]), str(error["type"]))
+        for error in errors
+    ]
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(
+        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
+        content={"detail": pydantic_errors(exc.errors())},
+    )
+
+
+async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(status_code=exc.status_code, content={"detail": exc.errors})
+
+
+def _unavailable(reason: str) -> JSONResponse:
+    return JSONResponse(
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        content={"detail": "database unavailable", "reason": reason},
+        headers={"Retry-After": "1"},
+    )
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DatabaseUnavailable)
+    log.warning("%s %s: %s", request.method, request.url.path, exc.reason)
+    return _unavailable(exc.reason)
+
+
+async def _maybe_database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    # A safety net for routes that use the engine directly: connection-level failures are a
+    # 503; anything else is a bug and is re-raised, to be logged and answered with a 500.
+    reason = unavailable_reason(exc)
+    if reason is None:
+        raise exc
+    log.warning("%s %s: %s (%s)", request.method, request.url.path, reason, type(exc).__name__)
+    return _unavailable(reason)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(DatabaseUnavailable, _database_unavailable)
+    app.add_exception_handler(sqlalchemy.exc.SQLAlchemyError, _maybe_database_unavailable)
+    app.add_exception_handler(OSError, _maybe_database_unavailable)

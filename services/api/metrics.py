@@ -1,0 +1,114 @@
+"""``GET /metrics``: HTTP metrics plus queue and fleet gauges read from Postgres at scrape time.
+
+The gauges are refreshed right before each scrape, under a lock (a refresh clears and refills
+labelled series; two interleaved ones would expose a half-filled set). If the database cannot be
+read within a few seconds the scrape still answers: the database-derived series are dropped, so
+stale numbers cannot pass for current ones, and ``taskfleet_api_database_up`` says 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_fastapi_instrumentator import Instrumentator
+
+from services.api.database import Database, DatabaseUnavailable, fetch_all, fetch_one
+from services.api.deps import ApiState
+from shared import queries as q
+from shared.metrics import ApiMetrics
+from shared.policy.lanes import Lane
+from shared.policy.runtime_config import config_from_payload
+
+log = logging.getLogger(__name__)
+
+# Prometheus' default scrape timeout is 10 s; answer well inside it even when Postgres hangs.
+REFRESH_TIMEOUT = 3.0
+NO_GROUP = ""  # the group label of the control and strict lanes
+DEFAULT_GROUP = "default"
+
+
+class QueueGauges:
+    """Refreshes :class:`ApiMetrics`' database-derived gauges."""
+
+    def __init__(self, metrics: ApiMetrics, registry: CollectorRegistry) -> None:
+        self.metrics = metrics
+        self.database_up = Gauge(
+            "taskfleet_api_database_up",
+            "1 when the last /metrics scrape could read Postgres, else 0.",
+            registry=registry,
+        )
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, database: Database | None) -> None:
+        try:
+            if database is None:
+                raise DatabaseUnavailable("the app is not started")
+            async with asyncio.timeout(REFRESH_TIMEOUT):
+                await self._read(database)
+            self.database_up.set(1)
+        except (DatabaseUnavailable, TimeoutError) as exc:
+            log.warning("metrics: queue gauges not refreshed: %s", exc or "timed out")
+            self._clear()
+            self.database_up.set(0)
+
+    async def _read(self, database: Database) -> None:
+        async with database.transaction() as conn:
+            latest = await fetch_one(conn, q.runtime_config_latest)
+            configured = _configured_labels(latest["payload"] if latest else {})
+            alive = await fetch_all(conn, q.runtime_config_alive_applied)
+            stats = await fetch_all(conn, q.task_queue_stats, configured=configured)
+        latest_version = int(latest["version"]) if latest else 0
+        self._clear()
+        # Every lane and configured group gets a series, zero when empty: a dashboard shows 0,
+        # not "no data", and an alert on depth does not go quiet when the queue drains.
+        zero_series = [(Lane.CONTROL.value, NO_GROUP), (Lane.STRICT.value, NO_GROUP)]
+        zero_series += [(Lane.NORMAL.value, g) for g in (DEFAULT_GROUP, *configured)]
+        for lane, group in zero_series:
+            self.metrics.queue_depth.labels(lane=lane, group=group).set(0)
+            self.metrics.queue_oldest.labels(lane=lane, group=group).set(0)
+        for row in stats:
+            group = row["grp"] if row["grp"] is not None else NO_GROUP
+            self.metrics.queue_depth.labels(lane=row["lane"], group=group).set(row["depth"])
+            self.metrics.queue_oldest.labels(lane=row["lane"], group=group).set(
+                row["oldest_ready_seconds"]
+            )
+        self.metrics.workers_alive.set(len(alive))
+        self.metrics.config_latest_version.set(latest_version)
+        self.metrics.config_applied_workers.set(
+            sum(1 for w in alive if w["applied_config_version"] >= latest_version)
+        )
+
+    def _clear(self) -> None:
+        self.metrics.queue_depth.clear()
+        self.metrics.queue_oldest.clear()
+
+    async def render(self, database: Database | None, registry: CollectorRegistry) -> bytes:
+        async with self._lock:
+            await self.refresh(database)
+            return generate_latest(registry)
+
+
+def _configured_labels(payload: Mapping[str, Any]) -> list[str]:
+    try:
+        return sorted(config_from_payload(payload).label_weights)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        # A stored config is written by the update task after validation; if one is unreadable
+        # anyway, the depth is still worth reporting, all in the default group.
+        log.warning("metrics: the latest runtime config payload is unreadable")
+        return []
+
+
+def install_metrics(app: FastAPI, state: ApiState) -> None:
+    """HTTP request metrics on the app's own registry, and the /metrics route (no token)."""
+    Instrumentator(registry=state.metrics_registry, excluded_handlers=["/metrics"]).instrument(app)
+    gauges = QueueGauges(state.metrics, state.metrics_registry)
+
+    @app.get("/metrics", response_class=Response, tags=["operations"], summary="Prometheus metrics")
+    async def metrics() -> Response:
+        body = await gauges.render(state.database, state.metrics_registry)
+        return Response(content=body, media_type=CONTENT_TYPE_LATEST)

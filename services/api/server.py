@@ -1,0 +1,35 @@
+"""``taskfleet api``: the control plane under uvicorn, one process."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from services.api.app import create_app
+from shared.settings import ApiSettings
+
+# Long /wait requests must not hold a shutdown up for minutes.
+GRACEFUL_SHUTDOWN_SECONDS = 10
+
+
+def serve(settings: ApiSettings) -> None:
+    """Run the API until SIGTERM/SIGINT. Blocks."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    app = create_app(settings)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        workers=1,
+        # Behind a proxy, X-Forwarded-* would be trusted from anyone: off unless configured.
+        proxy_headers=False,
+        # uvicorn's access log is the request line and status: no headers, so no tokens.
+        access_log=True,
+        log_level="info",
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+    )
