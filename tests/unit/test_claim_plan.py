@@ -1,0 +1,336 @@
+"""Claim planning: lane order, strict cap, control slot, dry lanes and group shares (SPEC §4-5)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.policy.claim_plan import ClaimPlan, ClaimPlanner
+from shared.policy.groups import GroupKey
+from shared.policy.lanes import CONTROL_PRIORITY, Lane, strict_cap
+from shared.policy.runtime_config import RuntimeConfig, normalise_runtime_config
+
+
+def _config(pct: int = 100, label_weights: dict[str, int] | None = None, default: int = 1):
+    return RuntimeConfig(
+        max_strict_percentage=pct, default_weight=default, label_weights=label_weights or {}
+    )
+
+
+def _claimed_all(plan: ClaimPlan) -> dict[tuple[Lane, GroupKey], int]:
+    """What a claim returns when every lane and group had enough work."""
+    claimed: dict[tuple[Lane, GroupKey], int] = {}
+    if plan.control:
+        claimed[(Lane.CONTROL, None)] = plan.control
+    if plan.strict:
+        claimed[(Lane.STRICT, None)] = plan.strict
+    for group, n in plan.groups:
+        claimed[(Lane.NORMAL, group)] = n
+    return claimed
+
+
+# --------------------------------------------------------------------------------------------
+# ClaimPlan
+# --------------------------------------------------------------------------------------------
+
+
+def test_claim_plan_totals() -> None:
+    plan = ClaimPlan(control=1, strict=2, groups=(("a", 3), (None, 1)))
+    assert plan.normal == 4
+    assert plan.total == 7
+    assert plan.group_keys == ["a", None]
+    assert plan.group_limits == [3, 1]
+    assert ClaimPlan().total == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Strict cap
+# --------------------------------------------------------------------------------------------
+
+
+def test_strict_lane_is_filled_first_up_to_the_cap() -> None:
+    planner = ClaimPlanner(10, _config(pct=50))
+    assert planner.strict_cap == 5
+    plan = planner.plan(free_slots=10, strict_inflight=0, control_free=False)
+    assert plan.strict == 5
+    assert plan.normal == 5
+    assert plan.total == 10
+    assert not plan.probe_strict
+
+
+def test_strict_slots_left_are_the_cap_minus_strict_in_flight() -> None:
+    planner = ClaimPlanner(10, _config(pct=50))
+    plan = planner.plan(free_slots=7, strict_inflight=3, control_free=False)
+    assert plan.strict == 2
+    assert plan.normal == 5
+
+
+def test_strict_is_limited_by_the_free_slots() -> None:
+    planner = ClaimPlanner(10, _config(pct=50))
+    plan = planner.plan(free_slots=1, strict_inflight=0, control_free=False)
+    assert plan.strict == 1
+    assert plan.normal == 0
+
+
+def test_full_strict_cap_probes_for_waiting_strict_work() -> None:
+    planner = ClaimPlanner(10, _config(pct=50))
+    plan = planner.plan(free_slots=5, strict_inflight=5, control_free=False)
+    assert plan.strict == 0
+    assert plan.normal == 5
+    assert plan.probe_strict
+
+
+def test_lowered_cap_below_in_flight_claims_no_strict_work() -> None:
+    planner = ClaimPlanner(10, _config(pct=80))
+    planner.apply(_config(pct=20))
+    plan = planner.plan(free_slots=2, strict_inflight=8, control_free=False)
+    assert plan.strict == 0
+    assert plan.normal == 2
+    assert plan.probe_strict
+
+
+def test_zero_percent_never_plans_strict_work() -> None:
+    planner = ClaimPlanner(4, _config(pct=0))
+    plan = planner.plan(free_slots=4, strict_inflight=0, control_free=False)
+    assert plan.strict == 0
+    assert plan.normal == 4
+    assert plan.probe_strict
+
+
+def test_no_free_slot_plans_nothing_regular() -> None:
+    planner = ClaimPlanner(4, _config(pct=50))
+    plan = planner.plan(free_slots=0, strict_inflight=0, control_free=False)
+    assert plan.total == 0
+    assert not plan.probe_strict
+    assert planner.plan(free_slots=-3, strict_inflight=0, control_free=False).total == 0
+
+
+@settings(deadline=None, database=None, max_examples=400)
+@given(
+    concurrency=st.integers(1, 64),
+    pct=st.integers(0, 100),
+    data=st.data(),
+    control_free=st.booleans(),
+)
+def test_plan_respects_the_strict_cap(
+    concurrency: int, pct: int, data: st.DataObject, control_free: bool
+) -> None:
+    free = data.draw(st.integers(0, concurrency))
+    inflight = data.draw(st.integers(0, concurrency - free))
+    planner = ClaimPlanner(concurrency, _config(pct=pct, label_weights={"a": 2, "b": 1}))
+    plan = planner.plan(free_slots=free, strict_inflight=inflight, control_free=control_free)
+    cap = strict_cap(concurrency, pct)
+    room = max(0, cap - inflight)
+    assert plan.strict == min(free, room)
+    assert plan.strict + inflight <= max(cap, inflight)
+    assert plan.normal == free - plan.strict
+    assert plan.control == (1 if control_free else 0)
+    assert plan.probe_strict == (free > 0 and room == 0)
+    assert all(n > 0 for _, n in plan.groups)
+
+
+# --------------------------------------------------------------------------------------------
+# Control slot
+# --------------------------------------------------------------------------------------------
+
+
+def test_control_slot_is_claimed_only_when_free() -> None:
+    planner = ClaimPlanner(4, _config())
+    assert planner.plan(free_slots=4, strict_inflight=0, control_free=True).control == 1
+    assert planner.plan(free_slots=4, strict_inflight=0, control_free=False).control == 0
+
+
+def test_control_slot_is_outside_the_strict_cap_and_the_regular_slots() -> None:
+    # maxStrictPercentage 0 and a fully busy worker must not block a config change.
+    planner = ClaimPlanner(4, _config(pct=0))
+    plan = planner.plan(free_slots=0, strict_inflight=0, control_free=True)
+    assert plan.control == 1
+    assert plan.strict == 0 and plan.normal == 0
+
+
+def test_dry_control_lane_is_skipped_until_reset() -> None:
+    planner = ClaimPlanner(4, _config())
+    plan = planner.plan(free_slots=4, strict_inflight=0, control_free=True)
+    assert planner.control_possible()
+    planner.observe(plan, {})
+    assert not planner.control_possible()
+    assert planner.plan(free_slots=4, strict_inflight=0, control_free=True).control == 0
+    planner.reset_dry()
+    assert planner.control_possible()
+    assert planner.plan(free_slots=4, strict_inflight=0, control_free=True).control == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Dry lanes and groups: work-conserving
+# --------------------------------------------------------------------------------------------
+
+
+def test_strict_shortfall_gives_its_slots_to_the_normal_lane() -> None:
+    planner = ClaimPlanner(10, _config(pct=50))
+    plan = planner.plan(free_slots=10, strict_inflight=0, control_free=False)
+    assert plan.strict == 5
+    planner.observe(plan, {**_claimed_all(plan), (Lane.STRICT, None): 2})
+    nxt = planner.plan(free_slots=3, strict_inflight=2, control_free=False)
+    assert nxt.strict == 0
+    assert nxt.normal == 3
+    planner.reset_dry()
+    again = planner.plan(free_slots=3, strict_inflight=2, control_free=False)
+    assert again.strict == 3
+
+
+def test_group_shortfall_gives_its_slots_to_the_other_groups() -> None:
+    planner = ClaimPlanner(7, _config(pct=0, label_weights={"a": 5, "b": 1}))
+    plan = planner.plan(free_slots=7, strict_inflight=0, control_free=False)
+    assert dict(plan.groups) == {"a": 5, "b": 1, None: 1}
+    planner.observe(plan, {(Lane.NORMAL, "a"): 5, (Lane.NORMAL, None): 1})  # b came back empty
+    nxt = planner.plan(free_slots=7, strict_inflight=0, control_free=False)
+    assert "b" not in nxt.group_keys
+    assert nxt.normal == 7
+    assert set(nxt.group_keys) == {"a", None}
+
+
+def test_reset_dry_brings_groups_back() -> None:
+    planner = ClaimPlanner(7, _config(pct=0, label_weights={"a": 5, "b": 1}))
+    plan = planner.plan(free_slots=7, strict_inflight=0, control_free=False)
+    planner.observe(plan, {(Lane.NORMAL, "a"): 5})
+    assert planner.plan(free_slots=7, strict_inflight=0, control_free=False).group_keys == ["a"]
+    planner.reset_dry()
+    keys = set()
+    for _ in range(7):
+        p = planner.plan(free_slots=1, strict_inflight=0, control_free=False)
+        keys.update(p.group_keys)
+    assert keys == {"a", "b", None}
+
+
+def test_every_group_dry_plans_no_normal_work() -> None:
+    planner = ClaimPlanner(7, _config(pct=0, label_weights={"a": 5, "b": 1}))
+    plan = planner.plan(free_slots=7, strict_inflight=0, control_free=False)
+    planner.observe(plan, {})
+    empty = planner.plan(free_slots=7, strict_inflight=0, control_free=False)
+    assert empty.groups == ()
+    assert empty.normal == 0
+
+
+def test_full_claim_marks_nothing_dry() -> None:
+    planner = ClaimPlanner(7, _config(pct=50, label_weights={"a": 5, "b": 1}))
+    plan = planner.plan(free_slots=7, strict_inflight=0, control_free=True)
+    planner.observe(plan, _claimed_all(plan))
+    assert planner.control_possible()
+    nxt = planner.plan(free_slots=7, strict_inflight=0, control_free=True)
+    assert nxt.control == 1
+    assert nxt.strict == 4
+    assert nxt.normal == 3
+
+
+# --------------------------------------------------------------------------------------------
+# apply()
+# --------------------------------------------------------------------------------------------
+
+
+def test_apply_recomputes_cap_and_rotation_and_resets_dry() -> None:
+    planner = ClaimPlanner(10, _config(pct=100))
+    assert planner.strict_cap == 10
+    plan = planner.plan(free_slots=10, strict_inflight=0, control_free=True)
+    planner.observe(plan, {})
+    planner.apply(normalise_runtime_config({"maxStrictPercentage": 21, "labelWeights": {"x": 2}}))
+    assert planner.strict_cap == 3
+    assert planner.configured_labels == ["x"]
+    plan = planner.plan(free_slots=10, strict_inflight=0, control_free=True)
+    assert plan.control == 1
+    assert plan.strict == 3
+    assert set(plan.group_keys) == {"x", None}
+    assert dict(plan.groups) == {"x": 5, None: 2}
+
+
+def test_default_config_gives_every_slot_to_strict() -> None:
+    planner = ClaimPlanner(3)
+    assert planner.strict_cap == 3
+    assert planner.configured_labels == []
+    plan = planner.plan(free_slots=3, strict_inflight=0, control_free=False)
+    assert plan.strict == 3
+
+
+# --------------------------------------------------------------------------------------------
+# Proportional quotas under saturation
+# --------------------------------------------------------------------------------------------
+
+WEIGHTS = {"a": 5, "b": 1, None: 1}
+
+
+def _saturated_counts(rounds: list[int]) -> list[Counter[GroupKey]]:
+    planner = ClaimPlanner(7, _config(pct=0, label_weights={"a": 5, "b": 1}))
+    totals: Counter[GroupKey] = Counter()
+    history = []
+    for free in rounds:
+        plan = planner.plan(free_slots=free, strict_inflight=0, control_free=False)
+        assert plan.normal == free
+        planner.observe(plan, _claimed_all(plan))
+        totals.update(dict(plan.groups))
+        history.append(Counter(totals))
+    return history
+
+
+def test_saturated_full_rounds_match_the_weights_exactly() -> None:
+    history = _saturated_counts([7] * 100)
+    for n, counts in enumerate(history, start=1):
+        assert counts == {"a": 5 * n, "b": n, None: n}
+
+
+@settings(deadline=None, database=None, max_examples=200)
+@given(rounds=st.lists(st.integers(1, 7), min_size=1, max_size=200))
+def test_saturated_multi_claims_stay_proportional(rounds: list[int]) -> None:
+    history = _saturated_counts(rounds)
+    picked = 0
+    for free, counts in zip(rounds, history, strict=True):
+        picked += free
+        assert sum(counts.values()) == picked
+        for group, weight in WEIGHTS.items():
+            # Within one pick of the exact share at every point, exact at whole periods.
+            assert abs(counts[group] * 7 - picked * weight) < 7
+            if picked % 7 == 0:
+                assert counts[group] * 7 == picked * weight
+
+
+def test_saturated_with_strict_work_shares_the_rest_by_weight() -> None:
+    planner = ClaimPlanner(10, _config(pct=30, label_weights={"a": 5, "b": 1}))
+    totals: Counter[GroupKey] = Counter()
+    strict_total = 0
+    for _ in range(70):
+        plan = planner.plan(free_slots=10, strict_inflight=0, control_free=False)
+        planner.observe(plan, _claimed_all(plan))
+        strict_total += plan.strict
+        totals.update(dict(plan.groups))
+    assert strict_total == 70 * 3
+    assert totals == {"a": 350, "b": 70, None: 70}
+
+
+# --------------------------------------------------------------------------------------------
+# classify()
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("priority", "labels", "expected"),
+    [
+        (CONTROL_PRIORITY, ["a"], (Lane.CONTROL, None)),
+        (2147483647, [], (Lane.CONTROL, None)),
+        (1, ["a"], (Lane.STRICT, None)),
+        (99, ["b", "a"], (Lane.STRICT, None)),
+        (0, ["b", "a", "zzz"], (Lane.NORMAL, "a")),
+        (0, ["b"], (Lane.NORMAL, "b")),
+        (0, ["zzz", "A"], (Lane.NORMAL, None)),
+        (0, [], (Lane.NORMAL, None)),
+    ],
+)
+def test_classify(priority: int, labels: list[str], expected: tuple[Lane, GroupKey]) -> None:
+    planner = ClaimPlanner(4, _config(label_weights={"a": 5, "b": 1}))
+    assert planner.classify(priority, labels) == expected
+
+
+def test_classify_follows_the_applied_config() -> None:
+    planner = ClaimPlanner(4, _config(label_weights={"a": 5, "b": 1}))
+    planner.apply(_config(label_weights={"b": 1}))
+    assert planner.classify(0, ["a", "b"]) == (Lane.NORMAL, "b")

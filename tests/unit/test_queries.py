@@ -1,0 +1,95 @@
+"""Named SQL statements: unique names and the ``:name`` -> ``$n`` conversion."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import shared.queries as queries_module
+from shared.queries import QUERIES, Query, _query
+
+_LEFTOVER_PARAM = re.compile(r"(?<![:\w]):[A-Za-z_]")
+
+
+def test_positional_numbers_parameters_in_order_of_first_use() -> None:
+    query = Query("t", "SELECT :b, :a, :b WHERE x = :c")
+    sql, args = query.positional({"a": 1, "b": 2, "c": 3})
+    assert sql == "SELECT $1, $2, $1 WHERE x = $3"
+    assert args == [2, 1, 3]
+    assert query.params == ("b", "a", "c")
+
+
+def test_positional_leaves_casts_alone() -> None:
+    query = Query("t", "SELECT :id::bigint, now()::date, '{}'::jsonb, x::text[] FROM t")
+    sql, args = query.positional({"id": 5})
+    assert sql == "SELECT $1::bigint, now()::date, '{}'::jsonb, x::text[] FROM t"
+    assert args == [5]
+
+
+def test_positional_leaves_cast_function_form_and_arrays_alone() -> None:
+    query = Query("t", "SELECT CAST(:ids AS bigint[]), arr[1:2], :n_2 + 1")
+    sql, args = query.positional({"ids": [1], "n_2": 4})
+    assert sql == "SELECT CAST($1 AS bigint[]), arr[1:2], $2 + 1"
+    assert args == [[1], 4]
+
+
+def test_positional_without_parameters() -> None:
+    query = Query("t", "SELECT 1::int")
+    assert query.positional({}) == ("SELECT 1::int", [])
+    assert query.params == ()
+
+
+def test_positional_reports_missing_parameters() -> None:
+    query = Query("t", "SELECT :a, :b")
+    with pytest.raises(KeyError, match="b"):
+        query.positional({"a": 1})
+
+
+def test_positional_ignores_extra_parameters() -> None:
+    assert Query("t", "SELECT :a").positional({"a": 1, "z": 2}) == ("SELECT $1", [1])
+
+
+def test_query_names_are_unique_and_match_the_registry_keys() -> None:
+    assert QUERIES
+    assert all(name == query.name for name, query in QUERIES.items())
+    names = [q.name for q in vars(queries_module).values() if isinstance(q, Query)]
+    assert len(names) == len(set(names))
+    assert set(names) == set(QUERIES)
+
+
+def test_each_query_is_bound_to_a_module_name_equal_to_its_name() -> None:
+    for attr, value in vars(queries_module).items():
+        if isinstance(value, Query):
+            assert value.name == attr
+
+
+def test_registering_a_duplicate_name_is_refused() -> None:
+    before = dict(QUERIES)
+    with pytest.raises(ValueError, match="duplicate"):
+        _query("task_get", "SELECT 1")
+    assert before == QUERIES
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_every_query_converts_to_asyncpg_form(name: str) -> None:
+    query = QUERIES[name]
+    assert re.fullmatch(r"[a-z]+(_[a-z]+)*", name), "snake_case names"
+    sql, args = query.positional({p: index for index, p in enumerate(query.params)})
+    assert args == list(range(len(query.params)))
+    assert len(set(query.params)) == len(query.params)
+    numbers = {int(n) for n in re.findall(r"\$(\d+)", sql)}
+    assert numbers == set(range(1, len(query.params) + 1))
+    assert not _LEFTOVER_PARAM.search(sql), "a :name parameter was left unconverted"
+    assert sql.count("::") == query.sql.count("::")
+
+
+def test_expected_queries_exist() -> None:
+    for name in (
+        "task_claim",
+        "task_finish_batch",
+        "worker_tick",
+        "runtime_config_latest",
+        "runtime_config_insert",
+    ):
+        assert name in QUERIES
