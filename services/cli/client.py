@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,6 +37,9 @@ CONNECT_TIMEOUT = 10.0
 #: Slack added to a server-side wait (``?timeout=``) before the client gives up reading. The
 #: config stream sends a progress event at least every 15 s, so this also covers its gaps.
 READ_SLACK = 30.0
+#: Longest single ``GET /tasks/{id}/wait``; a longer ``--wait-timeout`` is several calls, so the
+#: client never depends on how long the server lets one call block.
+WAIT_CHUNK = 60.0
 FINISHED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 config_app = typer.Typer(
@@ -385,7 +389,7 @@ def _usage_error(option: str, message: str) -> NoReturn:
 
 
 def _format_seconds(seconds: float) -> str:
-    return f"{seconds:g}"
+    return f"{round(seconds, 3):g}"
 
 
 def _check_url(url: str) -> str:
@@ -481,11 +485,7 @@ class _ReportApiErrors:
         tb: TracebackType | None,
     ) -> None:
         if isinstance(exc, ApiError):
-            hint = ""
-            if exc.status == 401:
-                hint = " (set TASKFLEET_TOKEN or --token)"
-            elif exc.status == 403:
-                hint = " (this needs a token with the admin role)"
+            hint = " (set TASKFLEET_TOKEN or --token)" if exc.status == 401 else ""
             _fail(f"the API refused the request: HTTP {exc.status}: {exc.detail}{hint}")
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
             _fail(
@@ -553,7 +553,7 @@ def submit(
     }
     body.update({k: v for k, v in optional.items() if v is not None})
 
-    with _ReportApiErrors(url), _http_client(url, token, wait_timeout + READ_SLACK) as client:
+    with _ReportApiErrors(url), _http_client(url, token, WAIT_CHUNK + READ_SLACK) as client:
         task = _json_object(client.post("/tasks", json=body))
         dedup = " (deduplicated: an unfinished task has this unique key)"
         typer.echo(
@@ -562,13 +562,20 @@ def submit(
         )
         if not wait:
             return
-        doc = _json_object(
-            client.get(
-                f"/tasks/{task.get('id')}/wait", params={"timeout": _format_seconds(wait_timeout)}
-            )
-        )
-    task = doc["task"] if isinstance(doc.get("task"), dict) else doc
+        task = _wait_for_task(client, task.get("id"), wait_timeout)
     raise typer.Exit(_report_finished_task(task, wait_timeout))
+
+
+def _wait_for_task(client: httpx.Client, task_id: object, wait_timeout: float) -> dict[str, Any]:
+    """The task once it is finished, or as it is when ``wait_timeout`` seconds have passed."""
+    deadline = time.monotonic() + wait_timeout
+    while True:
+        remaining = max(0.0, deadline - time.monotonic())
+        chunk = min(remaining, WAIT_CHUNK)
+        params = {"timeout": _format_seconds(chunk)}
+        task = _json_object(client.get(f"/tasks/{task_id}/wait", params=params))
+        if task.get("status") in FINISHED_STATUSES or remaining <= WAIT_CHUNK:
+            return task
 
 
 def _report_finished_task(task: Mapping[str, Any], waited: float) -> int:
@@ -682,10 +689,6 @@ def config_show(url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None
     Console().print(*runtime_config_tables(doc))
 
 
-def _first(doc: Mapping[str, Any], *keys: str) -> Any:
-    return next((doc[k] for k in keys if doc.get(k) is not None), None)
-
-
 def _cell(value: object) -> str:
     return "-" if value is None else str(value)
 
@@ -698,7 +701,8 @@ def runtime_config_tables(doc: Mapping[str, Any]) -> tuple[Table, Table]:
     config = Table(title="runtime config", show_header=False)
     config.add_column("field", style="bold")
     config.add_column("value")
-    config.add_row("version", "none yet (fleet defaults)" if version is None else str(version))
+    no_version = version is None or version == 0
+    config.add_row("version", "none yet (fleet defaults)" if no_version else str(version))
     for key in ("maxStrictPercentage", "defaultWeight"):
         config.add_row(key, _cell(payload.get(key)))
     weights = payload.get("labelWeights")
@@ -716,13 +720,16 @@ def runtime_config_tables(doc: Mapping[str, Any]) -> tuple[Table, Table]:
     workers.add_column("worker", no_wrap=True)
     workers.add_column("applied version", justify="right")
     workers.add_column("up to date")
-    for worker in _first(doc, "workers", "alive_workers") or []:
+    rows = doc.get("workers")
+    for worker in rows if isinstance(rows, list) else []:
         if not isinstance(worker, dict):
             continue
-        applied = _first(worker, "applied_version", "applied_config_version")
-        current = isinstance(applied, int) and isinstance(version, int) and applied >= version
+        applied = worker.get("applied_config_version")
+        current = worker.get("up_to_date")
+        if not isinstance(current, bool):
+            current = isinstance(applied, int) and isinstance(version, int) and applied >= version
         workers.add_row(
-            _cell(_first(worker, "id", "worker_id")),
+            _cell(worker.get("id")),
             _cell(applied),
             Text("yes", style="green") if current else Text("no", style="yellow"),
         )
@@ -782,7 +789,7 @@ def workers_table(rows: Iterable[object], now: datetime) -> Table:
             _cell(worker.get("concurrency")),
             _cell(worker.get("inflight")),
             _cell(worker.get("strict_inflight")),
-            _cell(_first(worker, "applied_config_version", "applied_version")),
+            _cell(worker.get("applied_config_version")),
             heartbeat_age(worker, now),
         )
     return table

@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from typer.testing import CliRunner
 
-import services.cli.client  # noqa: F401  (registers the client commands on the app)
+import services.cli.client  # registers the client commands on the app
 from services.cli.main import app
 
 TOKEN = "canned-admin-token-0123"
@@ -161,9 +161,13 @@ class CannedApi:
                     "listenTimeout": "2s",
                     "requestID": "REQ",
                 },
+                "created_at": "2026-01-01T12:00:00+00:00",
+                "alive_workers": 2,
+                "applied_workers": 1,
+                "lagging": ["w-2"],
                 "workers": [
-                    {"id": "w-1", "applied_version": 7},
-                    {"id": "w-2", "applied_version": 6},
+                    {"id": "w-1", "applied_config_version": 7, "up_to_date": True},
+                    {"id": "w-2", "applied_config_version": 6, "up_to_date": False},
                 ],
             }
         )
@@ -199,7 +203,7 @@ class CannedApi:
                 "last_heartbeat": (now - timedelta(minutes=5)).isoformat(),
             },
         ]
-        return JSONResponse(rows)
+        return JSONResponse({"workers": rows})
 
     async def post_task(self, request: Request) -> Response:
         entry = await self._record(request)
@@ -239,8 +243,11 @@ class CannedApi:
             task.update(status="failed", attempts=3, last_error="RuntimeError: boom")
         elif task["type"] == "demo.cancel":
             task.update(status="cancelled")
+        elif task["type"] == "demo.third" and len(self.requests) == 4:  # POST + 3 waits
+            task.update(status="completed", attempts=1, result={"calls": 3})
         else:
             task.update(status="running", attempts=1)
+        task["finished"] = task["status"] in ("completed", "failed", "cancelled")
         return JSONResponse(task)
 
     def starlette(self) -> Starlette:
@@ -585,3 +592,14 @@ def test_submit_reports_the_api_validation_error(api: CannedApi) -> None:
     result = run(api, "submit", "demo.echo", "--priority", "2147483647")
     assert result.exit_code == 1
     assert "HTTP 422: priority: 2147483647 is reserved" in result.stderr
+
+
+def test_submit_wait_longer_than_one_wait_call_makes_several(
+    api: CannedApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(services.cli.client, "WAIT_CHUNK", 0.25)
+    result = run(api, "submit", "demo.third", "--wait", "--wait-timeout", "60")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1] == 'result: {"calls": 3}'
+    waits = [r for r in api.requests if r["path"] == "/tasks/100/wait"]
+    assert [w["query"] for w in waits] == [{"timeout": "0.25"}] * 3
