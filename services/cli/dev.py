@@ -287,8 +287,9 @@ def dev(
         help="Run the API without authentication.",
     ),
 ) -> None:
-    """Run everything on this machine: embedded Postgres (if DATABASE_URL is unset), migrations,
-    the API and N workers. Ctrl-C or SIGTERM stops it all."""
+    """Run everything on this machine: Postgres, migrations, the API and N workers.
+
+    Starts an embedded Postgres unless DATABASE_URL is set. Ctrl-C or SIGTERM stops it all."""
     stop = StopRequest()
     stop.install()
 
