@@ -69,3 +69,7 @@ def main() -> None:
     from services.cli import client, dev  # noqa: F401
 
     app()
+
+
+if __name__ == "__main__":
+    main()

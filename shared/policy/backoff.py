@@ -24,6 +24,8 @@ class BackoffPolicy:
         """Seconds to wait before retrying after failed attempt number ``attempt`` (1-based)."""
         if attempt < 1:
             raise ValueError("attempt is 1-based")
-        exponent = min(attempt - 1, 64)  # beyond this the cap has long won; avoid float overflow
-        ceiling = min(self.cap, self.base * self.factor**exponent)
+        try:
+            ceiling = min(self.cap, self.base * self.factor ** (attempt - 1))
+        except OverflowError:  # factor**n past float range: the cap has long won
+            ceiling = self.cap
         return ceiling / 2 + (ceiling / 2) * rand()

@@ -85,6 +85,6 @@ class SmoothWeightedRoundRobin:
 
 def group_weights(label_weights: Mapping[str, int], default_weight: int) -> dict[GroupKey, int]:
     """The rotation's weights: every configured label plus the default group."""
-    weights: dict[GroupKey, int] = dict(label_weights)
+    weights: dict[GroupKey, int] = {label: w for label, w in label_weights.items()}
     weights[None] = default_weight
     return weights

@@ -123,11 +123,12 @@ def parse_duration(value: object) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """The shortest exact Go-style rendering for the durations we store."""
-    millis = round(seconds * 1000)
-    if millis % 1000 == 0:
-        return f"{millis // 1000}s"
-    return f"{millis}ms"
+    """An exact Go-style rendering (to the nanosecond) in the largest unit that divides it."""
+    nanos = round(seconds * 1_000_000_000)
+    for unit, size in (("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)):
+        if nanos % size == 0:
+            return f"{nanos // size}{unit}"
+    return f"{nanos}ns"
 
 
 def _is_int(value: object) -> bool:
@@ -284,6 +285,7 @@ def normalise_runtime_config(
 
 def config_from_payload(payload: Mapping[str, Any]) -> RuntimeConfig:
     """Read a stored (already normalised) payload back. Tolerant: a stored row is trusted."""
-    return normalise_runtime_config(
-        {k: v for k, v in payload.items() if k in KNOWN_FIELDS}, generate_request_id=False
-    )
+    known = {k: v for k, v in payload.items() if k in KNOWN_FIELDS}
+    if not known.get("requestID"):
+        known.pop("requestID", None)  # the built-in default config has no request id
+    return normalise_runtime_config(known, generate_request_id=False)
