@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    StringConstraints,
     ValidationInfo,
     field_validator,
 )
@@ -51,10 +52,15 @@ def _storable_text(value: str) -> str:
     return value
 
 
-StorableText = Annotated[str, AfterValidator(_storable_text)]
+# Length first (so the error says string_too_long), then what Postgres can store.
+_Storable = AfterValidator(_storable_text)
+TypeName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TYPE_LENGTH), _Storable]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL_LENGTH), _Storable]
+UniqueKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_UNIQUE_KEY_LENGTH), _Storable
+]
 Int = Annotated[int, Strict()]
 Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-Label = Annotated[StorableText, Field(min_length=1, max_length=MAX_LABEL_LENGTH)]
 
 
 class TaskIn(BaseModel):
@@ -62,9 +68,7 @@ class TaskIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Annotated[StorableText, Field(min_length=1, max_length=MAX_TYPE_LENGTH)] = Field(
-        description="A registered task type."
-    )
+    type: TypeName = Field(description="A registered task type.")
     payload: dict[str, Any] = Field(
         default_factory=dict,
         description="The handler's parameters, validated against its model; at most 256 KiB "
@@ -97,9 +101,7 @@ class TaskIn(BaseModel):
     timeout_seconds: Annotated[Seconds, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] | None = Field(
         default=None, description="Each attempt is cancelled after this many seconds."
     )
-    unique_key: (
-        Annotated[StorableText, Field(min_length=1, max_length=MAX_UNIQUE_KEY_LENGTH)] | None
-    ) = Field(
+    unique_key: UniqueKey | None = Field(
         default=None,
         description="While a task with this key is pending or running, submitting it again "
         "returns that task instead of a new one.",

@@ -250,6 +250,7 @@ async def create_task(
     row, deduplicated = inserted[0]
     if deduplicated:
         response.status_code = status.HTTP_200_OK
+    response.headers["Location"] = f"/tasks/{row['id']}"
     return {**task_out(row), "deduplicated": deduplicated}
 
 

@@ -127,6 +127,7 @@ async def test_create_returns_the_stored_task(
 
     assert response.status_code == 201
     task = response.json()
+    assert response.headers["location"] == f"/tasks/{task['id']}"
     assert set(task) == WIRE_FIELDS | {"deduplicated"}
     assert task["deduplicated"] is False
     assert task["type"] == "demo.echo"
@@ -632,3 +633,12 @@ async def test_metrics_report_queue_depth_from_postgres(client: httpx.AsyncClien
     assert "taskfleet_api_database_up 1.0" in text
     # HTTP metrics from the instrumentator, on the app's own registry.
     assert 'handler="/tasks/batch"' in text
+
+
+async def test_openapi_document_describes_the_task_routes(client: httpx.AsyncClient) -> None:
+    response = await client.get("/openapi.json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    for path in ("/tasks", "/tasks/batch", "/tasks/{id}", "/tasks/{id}/cancel", "/workers"):
+        assert path in paths
+    assert "bearer" in str(response.json()["components"]["securitySchemes"]).lower()
