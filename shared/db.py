@@ -48,12 +48,17 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
-async def connect(url: str, *, application_name: str = "taskfleet") -> asyncpg.Connection:
+async def connect(
+    url: str, *, application_name: str = "taskfleet", synchronous_commit: bool = True
+) -> asyncpg.Connection:
     """One raw connection, no pool: the worker's hot paths must not pay the pool's reset
     statements (``UNLISTEN *``, ``RESET ALL``, ... on every release)."""
+    server_settings = {"application_name": application_name}
+    if not synchronous_commit:
+        server_settings["synchronous_commit"] = "off"
     conn = await asyncpg.connect(
         asyncpg_dsn(url),
-        server_settings={"application_name": application_name},
+        server_settings=server_settings,
         statement_cache_size=256,
     )
     await _init_connection(conn)

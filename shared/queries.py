@@ -202,10 +202,38 @@ task_status_counts = _query(
 # Tasks: the worker's hot path
 # --------------------------------------------------------------------------------------------
 
+# The outcome columns of a finished attempt; shared by task_finish_batch and task_claim (which
+# writes the outcomes gathered since the previous claim in the same round trip).
+_FINISH_SET = """
+    SET status = d.status,
+        result = CAST(d.result AS jsonb),
+        last_error = d.error,
+        finished_at = CASE WHEN d.status = 'pending' THEN NULL ELSE now() END,
+        run_after = CASE WHEN d.status = 'pending'
+                         THEN now() + make_interval(secs => d.retry_in) ELSE t.run_after END,
+        worker_id = CASE WHEN d.status = 'pending' THEN NULL ELSE t.worker_id END,
+        lease_expires_at = NULL
+    FROM unnest(CAST(:fin_ids AS bigint[]), CAST(:fin_statuses AS text[]),
+                CAST(:fin_results AS text[]), CAST(:fin_errors AS text[]),
+                CAST(:fin_retry_in AS float8[]))
+         AS d(id, status, result, error, retry_in)
+    -- Guarded by (worker_id, status = 'running'): a worker that lost its lease changes nothing.
+    -- id = ANY(...) gives the planner an index condition on the key.
+    WHERE t.id = d.id AND t.id = ANY(CAST(:fin_ids AS bigint[]))
+      AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
+"""
+
+
 task_claim = _query(
     "task_claim",
     f"""
     WITH
+    -- Outcomes of attempts finished since the last claim: written in this same round trip.
+    finished AS (
+        UPDATE taskfleet.tasks t
+        {_FINISH_SET}
+        RETURNING t.id
+    ),
     -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
     -- cap, into the worker's extra control slot (control_limit is 0 or 1).
     control AS (
@@ -266,38 +294,30 @@ task_claim = _query(
             attempts = t.attempts + 1,
             started_at = now(),
             lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
-        FROM (SELECT id FROM control UNION ALL SELECT id FROM strict
-              UNION ALL SELECT id FROM normal) AS pick
-        WHERE t.id = pick.id
+        -- = ANY(ARRAY(...)) makes this a primary-key lookup; a join against the picks is
+        -- planned as a hash join over the whole table once it grows (measured: 15 ms at 20k).
+        WHERE t.id = ANY(ARRAY(SELECT id FROM control UNION ALL SELECT id FROM strict
+                               UNION ALL SELECT id FROM normal))
         RETURNING t.id, t.type, t.payload, t.priority, t.weight, t.labels, t.attempts,
                   t.max_attempts, t.timeout, t.cancel_requested,
                   CAST(EXTRACT(EPOCH FROM now() - GREATEST(t.created_at, t.run_after))
                        AS float8) AS wait_seconds
     )
-    -- Always one row at least, so the probe result comes back when nothing was claimed.
-    SELECT waiting.strict_waiting, claimed.*
+    -- Always one row at least, so the probe result and the written outcomes come back when
+    -- nothing was claimed.
+    SELECT waiting.strict_waiting,
+           ARRAY(SELECT finished.id FROM finished) AS finished_ids,
+           claimed.*
     FROM waiting LEFT JOIN claimed ON true
     """,
 )
 
 task_finish_batch = _query(
     "task_finish_batch",
-    """
-    -- Several outcomes in one statement. Guarded by (worker_id, status = 'running'): a worker
-    -- that lost its lease changes nothing.
+    f"""
+    -- Several outcomes in one statement.
     UPDATE taskfleet.tasks t
-    SET status = d.status,
-        result = CAST(d.result AS jsonb),
-        last_error = d.error,
-        finished_at = CASE WHEN d.status = 'pending' THEN NULL ELSE now() END,
-        run_after = CASE WHEN d.status = 'pending'
-                         THEN now() + make_interval(secs => d.retry_in) ELSE t.run_after END,
-        worker_id = CASE WHEN d.status = 'pending' THEN NULL ELSE t.worker_id END,
-        lease_expires_at = NULL
-    FROM unnest(CAST(:ids AS bigint[]), CAST(:statuses AS text[]), CAST(:results AS text[]),
-                CAST(:errors AS text[]), CAST(:retry_in AS float8[]))
-         AS d(id, status, result, error, retry_in)
-    WHERE t.id = d.id AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
+    {_FINISH_SET}
     RETURNING t.id, t.status
     """,
 )
@@ -352,7 +372,10 @@ worker_tick = _query(
     heartbeat AS (
         UPDATE taskfleet.workers w
         SET last_heartbeat = now(), inflight = CAST(:inflight AS int),
-            strict_inflight = CAST(:strict_inflight AS int)
+            strict_inflight = CAST(:strict_inflight AS int),
+            -- Re-asserted every beat: a lost write of the applied version heals itself.
+            applied_config_version = GREATEST(w.applied_config_version,
+                                              CAST(:applied_version AS bigint))
         WHERE w.id = CAST(:worker_id AS text)
         RETURNING w.id
     ),

@@ -72,6 +72,13 @@ class WorkerSettings(CommonSettings):
         description="LISTEN for wake-ups and config notifications. Off only to test the poll "
         "fallback.",
     )
+    synchronous_commit: bool = Field(
+        default=False,
+        description="Wait for the WAL flush on the worker's claim/finish/heartbeat commits "
+        "(default off). Off, a Postgres crash can forget the last fraction of a second of "
+        "claims and finishes: those tasks run again (at-least-once), none is lost. Task "
+        "submission and config versions are always synchronous.",
+    )
     retry_base: float = Field(default=1.0, gt=0, description="Retry backoff base (default 1 s).")
     retry_cap: float = Field(default=300.0, gt=0, description="Retry backoff cap (default 300 s).")
 

@@ -25,8 +25,9 @@ class Database:
     """One connection used by one concern (claims, or finishes and ticks). Statements on it are
     serialised; a broken connection is dropped and the next statement reconnects."""
 
-    def __init__(self, url: str, application_name: str) -> None:
+    def __init__(self, url: str, application_name: str, *, synchronous_commit: bool = True) -> None:
         self._url = url
+        self._synchronous_commit = synchronous_commit
         self._application_name = application_name
         self._conn: asyncpg.Connection | None = None
         self._lock = asyncio.Lock()
@@ -35,7 +36,11 @@ class Database:
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncio.wait_for(
-                db.connect(self._url, application_name=self._application_name),
+                db.connect(
+                    self._url,
+                    application_name=self._application_name,
+                    synchronous_commit=self._synchronous_commit,
+                ),
                 STATEMENT_TIMEOUT,
             )
         return self._conn

@@ -116,8 +116,9 @@ class Worker:
         self.metrics_port: int | None = None
 
         url = settings.database_url
-        self._claim_db = Database(url, "taskfleet-worker-claim")
-        self._io_db = Database(url, "taskfleet-worker-io")
+        sync = settings.synchronous_commit
+        self._claim_db = Database(url, "taskfleet-worker-claim", synchronous_commit=sync)
+        self._io_db = Database(url, "taskfleet-worker-io", synchronous_commit=sync)
         self.listener = Listener(
             settings.listen_url,
             channels=(queries.TASK_READY_CHANNEL, protocol.CONFIG_CHANNEL),
@@ -135,6 +136,8 @@ class Worker:
         self._hint_generation = 0
         self._last_dry_reset = 0.0
         self._stop = asyncio.Event()
+        #: True while the claim loop will claim soon (outcomes can ride along with the claim).
+        self._claim_pending = True
         self._force_stop = asyncio.Event()
         self._config_lock = asyncio.Lock()
         self._config_refresh: asyncio.Task[None] | None = None
@@ -327,7 +330,9 @@ class Worker:
                     plan = ClaimPlan(control=1)
                 else:
                     self._slot_freed.clear()
+                    self._enter_wait()
                     await self._wait_any(self._slot_freed, self._work_hint, timeout=None)
+                    self._claim_pending = True
                     continue
             else:
                 plan = self.planner.plan(
@@ -335,7 +340,9 @@ class Worker:
                 )
             if plan.total == 0:
                 # Nothing claimable anywhere: sleep until a hint, the poll interval, or stop.
+                self._enter_wait()
                 await self._wait_any(self._work_hint, timeout=self.settings.poll_interval)
+                self._claim_pending = True
                 self._work_hint.clear()
                 self.planner.reset_dry()
                 self._last_dry_reset = self.clock()
@@ -344,9 +351,11 @@ class Worker:
             self._work_hint.clear()
             if plan.control:
                 self._control_hint = False
+            outcomes = self._take_outcomes()
             try:
                 rows = await self._claim_db.fetch(
                     queries.task_claim,
+                    **self._finish_params(outcomes),
                     control_limit=plan.control,
                     strict_limit=plan.strict,
                     configured=self.planner.configured_labels,
@@ -357,11 +366,16 @@ class Worker:
                     lease_ttl=self.settings.lease_ttl,
                 )
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                self._outcomes[:0] = outcomes  # never drop an outcome: they go out next time
                 delay = retry.next()
                 log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
+                self._enter_wait()
                 await self._sleep(delay)
+                self._claim_pending = True
                 continue
             retry.reset()
+            if outcomes:
+                self._report_lost(outcomes, rows[0]["finished_ids"] if rows else [])
             claimed: Counter[tuple[Lane, GroupKey]] = Counter()
             for row in rows:
                 if row["id"] is None:
@@ -375,6 +389,29 @@ class Worker:
                 # Only trust a shortfall if no new work was announced meanwhile.
                 self.planner.observe(plan, claimed)
             self._publish_inflight()
+
+    def _enter_wait(self) -> None:
+        """The claim loop is about to wait: outcomes it would have carried go out on their own."""
+        self._claim_pending = False
+        if self._outcomes:
+            self._outcome_event.set()
+
+    def _take_outcomes(self) -> list[Outcome]:
+        """Outcomes to write with the next claim (drain releases go by task_release)."""
+        taken = [o for o in self._outcomes if o.status != "released"]
+        if taken:
+            self._outcomes = [o for o in self._outcomes if o.status == "released"]
+        return taken
+
+    @staticmethod
+    def _finish_params(outcomes: list[Outcome]) -> dict[str, list[Any]]:
+        return {
+            "fin_ids": [o.id for o in outcomes],
+            "fin_statuses": [o.status for o in outcomes],
+            "fin_results": [o.result for o in outcomes],
+            "fin_errors": [o.error for o in outcomes],
+            "fin_retry_in": [o.retry_in for o in outcomes],
+        }
 
     async def _wait_any(self, *events: asyncio.Event, timeout: float | None) -> None:
         waiters = [asyncio.create_task(e.wait()) for e in (*events, self._stop)]
@@ -521,7 +558,8 @@ class Worker:
         while True:
             await self._outcome_event.wait()
             self._outcome_event.clear()
-            if not self._outcomes:
+            if not self._outcomes or (self._claim_pending and not self._stop.is_set()):
+                # The claim loop is about to claim: the outcomes ride along in that statement.
                 continue
             batch, self._outcomes = self._outcomes, []
             self._flushing = True
@@ -545,15 +583,9 @@ class Worker:
         released = [o.id for o in batch if o.status == "released"]
         if finished:
             rows = await self._io_db.fetch(
-                queries.task_finish_batch,
-                ids=[o.id for o in finished],
-                statuses=[o.status for o in finished],
-                results=[o.result for o in finished],
-                errors=[o.error for o in finished],
-                retry_in=[o.retry_in for o in finished],
-                worker_id=self.id,
+                queries.task_finish_batch, **self._finish_params(finished), worker_id=self.id
             )
-            self._report_lost(finished, rows)
+            self._report_lost(finished, [r["id"] for r in rows])
             if any(o.status == TaskStatus.PENDING.value for o in finished):
                 self._work_hint_local()
         if released:
@@ -563,10 +595,10 @@ class Worker:
                 worker_id=self.id,
                 reason="interrupted by worker shutdown; returned to pending",
             )
-            self._report_lost([o for o in batch if o.status == "released"], rows)
+            self._report_lost([o for o in batch if o.status == "released"], [r["id"] for r in rows])
 
-    def _report_lost(self, written: list[Outcome], rows: list[asyncpg.Record]) -> None:
-        done = {r["id"] for r in rows}
+    def _report_lost(self, written: list[Outcome], written_ids: list[int]) -> None:
+        done = set(written_ids)
         for outcome in written:
             if outcome.id not in done:
                 log.warning(
@@ -599,6 +631,7 @@ class Worker:
                     queries.worker_tick,
                     inflight=self.inflight,
                     strict_inflight=self.strict_inflight,
+                    applied_version=self.applied_version,
                     worker_id=self.id,
                     lease_ttl=self.settings.lease_ttl,
                     sweep=sweep,
