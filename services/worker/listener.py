@@ -68,13 +68,14 @@ class Listener:
             lost = asyncio.Event()
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncio.wait_for(
+                live: asyncpg.Connection = await asyncio.wait_for(
                     db.connect(self._url, application_name="taskfleet-worker-listen"), 30
                 )
-                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                conn = live
+                live.add_termination_listener(lambda _c, lost=lost: lost.set())
                 for channel in self._channels:
-                    await conn.add_listener(channel, self._deliver)
-                self._conn = conn
+                    await live.add_listener(channel, self._deliver)
+                self._conn = live
                 self.connected.set()
                 self._metrics.listener_connected.set(1)
                 if ever_connected:
@@ -84,7 +85,7 @@ class Listener:
                 ever_connected = True
                 failures = 0
                 await self._on_connect()
-                while not lost.is_set() and not conn.is_closed():
+                while not lost.is_set() and not live.is_closed():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(lost.wait(), CLOSED_CHECK_INTERVAL)
                 log.warning("listener connection lost")

@@ -85,7 +85,7 @@ class _Backoff:
 
     def next(self) -> float:
         self.failures += 1
-        delay = min(self.cap, self.base * 2 ** min(self.failures - 1, 20))
+        delay = min(self.cap, self.base * 2.0 ** min(self.failures - 1, 20))
         return delay / 2 + random.random() * delay / 2
 
     def reset(self) -> None:
@@ -233,8 +233,9 @@ class Worker:
         if running:
             all_done = asyncio.gather(*running, return_exceptions=True)
             force = asyncio.create_task(self._force_stop.wait())
+            waiting: list[asyncio.Future[Any]] = [all_done, force]
             await asyncio.wait(
-                [all_done, force],
+                waiting,
                 timeout=self.settings.drain_timeout,
                 return_when=asyncio.FIRST_COMPLETED,
             )
@@ -509,7 +510,7 @@ class Worker:
 
         async def call() -> Any:
             if definition.is_async:
-                return await definition.func(params)  # type: ignore[misc]
+                return await definition.func(params)
             return await asyncio.to_thread(definition.func, params)
 
         if running.timeout is None:
