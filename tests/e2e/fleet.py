@@ -1,0 +1,221 @@
+"""Real processes for end-to-end tests: ``taskfleet api`` under uvicorn and ``taskfleet worker``.
+
+Every process gets its own ephemeral port, short timers, and its output in a log file that a
+failing test prints. Nothing here sleeps for a fixed time: waits poll a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from shared.db import asyncpg_dsn
+
+ADMIN_TOKEN = "admin-e2e-token-0001"
+SUBMIT_TOKEN = "submit-e2e-token-0001"
+
+#: Short timers so faults resolve in seconds; lease_ttl > 2 x heartbeat (settings rule).
+FAST_TIMERS = {
+    "TASKFLEET_POLL_INTERVAL": "0.5",
+    "TASKFLEET_HEARTBEAT_INTERVAL": "0.5",
+    "TASKFLEET_LEASE_TTL": "3",
+    "TASKFLEET_SWEEP_INTERVAL": "0.5",
+    "TASKFLEET_RUNTIME_CONFIG_POLL_INTERVAL": "1",
+    "TASKFLEET_DRAIN_TIMEOUT": "5",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def taskfleet_command() -> list[str]:
+    return [sys.executable, "-m", "services.cli.main"]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    port: int
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.popen.send_signal(sig)
+
+    def kill9(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout)
+
+
+@dataclass
+class Fleet:
+    """An API and workers against one database. Use as an async context manager."""
+
+    database_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tf-e2e-")))
+    api: Proc | None = None
+
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TASKFLEET_")}
+        env.update(
+            {
+                "DATABASE_URL": self.database_url,
+                "TASKFLEET_API_TOKENS": f"admin:{ADMIN_TOKEN},submit:{SUBMIT_TOKEN}",
+                "TASKFLEET_LOG_LEVEL": "INFO",
+                "PYTHONUNBUFFERED": "1",
+                **FAST_TIMERS,
+                **self.env,
+                **(extra or {}),
+            }
+        )
+        return env
+
+    def _spawn(self, name: str, args: list[str], port: int, env: dict[str, str]) -> Proc:
+        log_path = self.workdir / f"{name}.log"
+        log_file = log_path.open("wb")
+        popen = subprocess.Popen(
+            [*taskfleet_command(), *args],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        log_file.close()
+        proc = Proc(name, popen, log_path, port)
+        self.procs.append(proc)
+        return proc
+
+    async def start_api(self, extra_env: dict[str, str] | None = None) -> Proc:
+        port = free_port()
+        proc = self._spawn(
+            "api",
+            ["api", "--host", "127.0.0.1", "--port", str(port)],
+            port,
+            self._env(extra_env),
+        )
+        self.api = proc
+        await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        return proc
+
+    async def start_worker(
+        self,
+        worker_id: str,
+        *,
+        concurrency: int = 4,
+        extra_env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+    ) -> Proc:
+        port = free_port()
+        proc = self._spawn(
+            worker_id,
+            [
+                "worker",
+                "--concurrency",
+                str(concurrency),
+                "--metrics-port",
+                str(port),
+                "--worker-id",
+                worker_id,
+            ],
+            port,
+            self._env({"TASKFLEET_METRICS_HOST": "127.0.0.1", **(extra_env or {})}),
+        )
+        if wait_ready:
+            await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        return proc
+
+    @property
+    def api_url(self) -> str:
+        assert self.api is not None, "start_api() first"
+        return f"http://127.0.0.1:{self.api.port}"
+
+    def client(self, token: str = ADMIN_TOKEN, timeout: float = 30.0) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.api_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+        )
+
+    async def connect(self) -> asyncpg.Connection:
+        return await asyncpg.connect(asyncpg_dsn(self.database_url))
+
+    async def stop(self) -> None:
+        for proc in self.procs:
+            proc.signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                await asyncio.to_thread(proc.wait, 10)
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {p.name} (exit {p.popen.poll()})\n{p.log()}" for p in self.procs)
+
+    async def __aenter__(self) -> Fleet:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        await self.stop()
+        if exc is not None:
+            print(self.logs()[-20000:])
+
+
+async def wait_http(url: str, proc: Proc | None = None, timeout: float = 30.0) -> None:
+    """Until GET url answers 200 (the process's /readyz)."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            if proc is not None and not proc.alive():
+                raise RuntimeError(f"{proc.name} exited early:\n{proc.log()[-5000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url)).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                log = proc.log()[-5000:] if proc else ""
+                raise TimeoutError(f"{url} not ready after {timeout}s\n{log}")
+            await asyncio.sleep(0.05)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, interval: float = 0.05
+) -> Any:
+    """Poll ``check`` until it returns a truthy value; that value is returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout}s (last value {value!r})")
+        await asyncio.sleep(interval)
