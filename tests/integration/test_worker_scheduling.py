@@ -1,0 +1,254 @@
+"""The worker's one scheduler loop against a real Postgres (SPEC §4, §5): wake-up by NOTIFY, no
+claims while saturated, several tasks per claim, the strict cap, weighted fairness between
+groups, and the control lane that neither the cap nor a full worker can lock out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from services.worker.worker import Worker
+from shared import queries
+from shared.policy.lanes import CONTROL_PRIORITY
+from tests.integration import workerkit as kit
+
+#: Observation window while saturated. Only an upper bound on what a broken loop could do in it;
+#: nothing is asserted about how long anything took.
+SATURATED_WINDOW = 0.3
+
+
+async def test_an_idle_worker_picks_up_a_task_on_the_wake_up_notification(
+    database_url: str,
+) -> None:
+    # Every timer far above the 5 s bound: only the NOTIFY can explain a pickup within it.
+    slow: dict[str, Any] = {
+        "poll_interval": 30.0,
+        "heartbeat_interval": 10.0,
+        "lease_ttl": 60.0,
+        "runtime_config_poll_interval": 30.0,
+        "sweep_interval": 30.0,
+    }
+    async with (
+        kit.connect(database_url) as conn,
+        kit.running_worker(database_url, **slow) as worker,
+    ):
+        # The start-up claim found nothing: the loop is asleep until a hint (or 30 s).
+        await kit.wait_until(lambda: kit.claim_queries(worker)[1] >= 1, "the first empty claim")
+        (task_id,) = await kit.submit(conn, "demo.echo", [{"value": "woken"}])
+        row = await kit.wait_task(conn, task_id, timeout=5.0)
+        assert row["status"] == "completed"
+        assert row["result"] == {"value": "woken"}
+        assert kit.notifications(worker, queries.TASK_READY_CHANNEL) >= 1
+
+
+async def test_a_saturated_worker_sends_no_claims_and_claims_many_per_round_trip(
+    database_url: str,
+) -> None:
+    gate = kit.gate("saturated")
+    async with (
+        kit.connect(database_url) as conn,
+        kit.running_worker(database_url, concurrency=10) as worker,
+    ):
+        await kit.wait_until(lambda: kit.claim_queries(worker)[1] >= 1, "the first empty claim")
+        ids = await kit.submit(conn, "kit.block", [{"gate": "saturated"}] * 10)
+        await kit.wait_until(lambda: worker.inflight == 10, "all 10 slots busy")
+        # The claim that filled the slots got all ten at once.
+        assert kit.claimed_tasks(worker, "normal", "default") == 10
+        assert kit.claim_queries(worker)[0] == 1
+        before = kit.claim_queries(worker)
+        # New work announced while saturated must not cause a claim either.
+        notified = kit.notifications(worker, queries.TASK_READY_CHANNEL)
+        (extra,) = await kit.submit(conn, "demo.echo", [{"value": "extra"}])
+        await kit.wait_until(
+            lambda: kit.notifications(worker, queries.TASK_READY_CHANNEL) > notified,
+            "the wake-up reached the worker",
+        )
+        await asyncio.sleep(SATURATED_WINDOW)
+        assert worker.inflight == 10
+        assert kit.claim_queries(worker) == before
+        assert (await kit.task_rows(conn, [extra]))[extra]["status"] == "pending"
+
+        gate.open.set()
+        rows = await kit.wait_tasks(conn, [*ids, extra])
+        assert {r["status"] for r in rows.values()} == {"completed"}
+
+
+class _LoopClock:
+    """The worker's clock, counting calls per asyncio task name: the scheduler loop reads it once
+    per iteration, so its count is the number of times the loop went round."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def __call__(self) -> float:
+        task = asyncio.current_task()
+        name = task.get_name() if task is not None else ""
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return time.monotonic()
+
+
+async def test_a_saturated_worker_told_of_new_work_waits_for_a_slot_without_spinning(
+    database_url: str,
+) -> None:
+    """With every slot busy, a wake-up notification must not make the scheduler loop go round
+    and round until a slot frees (SPEC §5: wait for a free slot). A correct loop wakes once or
+    twice; however long the window, the count stays small."""
+    gate = kit.gate("spin")
+    clock = _LoopClock()
+    worker = Worker(
+        kit.worker_settings(database_url, concurrency=2), kit.make_registry(), clock=clock
+    )
+    async with kit.connect(database_url) as conn, kit.running_worker(database_url, worker=worker):
+        ids = await kit.submit(conn, "kit.block", [{"gate": "spin"}] * 2)
+        await kit.wait_until(lambda: worker.inflight == 2, "both slots busy")
+        notified = kit.notifications(worker, queries.TASK_READY_CHANNEL)
+        rounds_before = clock.calls.get("claim-loop", 0)
+        assert rounds_before >= 1  # the loop is the task named so, and reads the clock
+        (extra,) = await kit.submit(conn, "demo.echo", [{"value": "extra"}])
+        await kit.wait_until(
+            lambda: kit.notifications(worker, queries.TASK_READY_CHANNEL) > notified,
+            "the wake-up reached the worker",
+        )
+        await asyncio.sleep(SATURATED_WINDOW)
+        rounds = clock.calls.get("claim-loop", 0) - rounds_before
+        gate.open.set()
+        await kit.wait_tasks(conn, [*ids, extra])
+    assert rounds <= 5, f"the scheduler loop went round {rounds} times with no free slot"
+
+
+async def test_the_strict_cap_limits_strict_tasks_and_normal_tasks_fill_the_rest(
+    database_url: str,
+) -> None:
+    strict_gate = kit.gate("strict")
+    normal_gate = kit.gate("normal")
+    async with kit.connect(database_url) as conn:
+        v1 = await kit.insert_config(conn, "cap-50", notify=False, maxStrictPercentage=50)
+        strict_ids = await kit.submit(
+            conn, "kit.block", [{"gate": "strict", "kind": "s"}] * 10, priority=5
+        )
+        normal_ids = await kit.submit(conn, "kit.block", [{"gate": "normal", "kind": "n"}] * 6)
+        worker = kit.build_worker(database_url, concurrency=4, drain_timeout=0.5)
+        strict_gate.observe = normal_gate.observe = lambda: worker.strict_inflight
+        async with kit.running_worker(database_url, worker=worker):
+            assert worker.applied_version == v1
+            assert worker.planner.strict_cap == 2
+            await kit.wait_until(lambda: worker.inflight == 4, "all four slots busy")
+            assert worker.strict_inflight == 2
+            assert strict_gate.running["s"] == 2 and normal_gate.running["n"] == 2
+
+            # Normal work flows through the two normal slots; strict stays at its cap.
+            normal_gate.open.set()
+            await kit.wait_tasks(conn, normal_ids, {"completed"})
+            assert strict_gate.entered["s"] == 2
+            assert worker.strict_inflight == 2
+            assert kit.sample(worker, "anclax_worker_strict_saturation_total") >= 1
+            assert all(observed <= 2 for _, observed in strict_gate.observations)
+            assert all(observed <= 2 for _, observed in normal_gate.observations)
+            assert strict_gate.max_running["s"] == 2
+
+            # Lowering the cap to 0 stops new strict claims and leaves the running ones alone.
+            v2 = await kit.insert_config(conn, "cap-0", maxStrictPercentage=0)
+            await kit.wait_until(lambda: worker.applied_version == v2, "cap 0 applied")
+            assert worker.planner.strict_cap == 0
+            assert kit.sample(worker, "anclax_worker_strict_cap") == 0
+            assert worker.strict_inflight == 2 and strict_gate.running["s"] == 2
+            rows = await kit.task_rows(conn, strict_ids)
+            running = [i for i in strict_ids if rows[i]["status"] == "running"]
+            assert len(running) == 2
+            assert not any(rows[i]["cancel_requested"] for i in running)
+
+            strict_gate.open.set()
+            await kit.wait_tasks(conn, running, {"completed"})
+            # A later normal task runs, so the loop has claimed since; no strict task came along.
+            (sentinel,) = await kit.submit(conn, "demo.echo", [{"value": 1}])
+            await kit.wait_task(conn, sentinel, {"completed"})
+            assert strict_gate.entered["s"] == 2
+            rows = await kit.task_rows(conn, strict_ids)
+            waiting = [r for r in rows.values() if r["id"] not in running]
+            assert {r["status"] for r in waiting} == {"pending"}
+            assert {r["attempts"] for r in waiting} == {0}
+
+
+async def test_groups_share_the_normal_lane_by_weight(database_url: str) -> None:
+    async with kit.connect(database_url) as conn:
+        await kit.insert_config(conn, "weights", notify=False, labelWeights={"a": 3, "b": 1})
+        per_group = 600
+        await kit.submit(
+            conn,
+            "demo.echo",
+            [{"value": i} for i in range(2 * per_group)],
+            labels=[["a"] if i % 2 == 0 else ["b"] for i in range(2 * per_group)],
+        )
+        async with kit.running_worker(database_url, concurrency=4) as worker:
+
+            def claimed() -> tuple[float, float]:
+                return (
+                    kit.claimed_tasks(worker, "normal", "a"),
+                    kit.claimed_tasks(worker, "normal", "b"),
+                )
+
+            await kit.wait_until(lambda: sum(claimed()) >= 400, "400 claims", timeout=30)
+            a, b = claimed()
+            default = kit.claimed_tasks(worker, "normal", "default")
+    # Both groups had work all along (neither ran out), so the split is the weights' 3:1.
+    assert a < per_group and b < per_group
+    assert default == 0
+    share = a / (a + b)
+    assert 0.65 <= share <= 0.85, (a, b)
+
+
+async def test_the_control_lane_runs_the_config_task_on_a_full_worker_with_cap_0(
+    database_url: str,
+) -> None:
+    gate = kit.gate("busy")
+    async with kit.connect(database_url) as conn:
+        v1 = await kit.insert_config(conn, "r1", notify=False, maxStrictPercentage=0)
+        async with kit.running_worker(database_url, concurrency=2) as worker:
+            assert worker.applied_version == v1 and worker.planner.strict_cap == 0
+            busy = await kit.submit(conn, "kit.block", [{"gate": "busy"}] * 3)
+            await kit.wait_until(lambda: worker.inflight == 2, "both slots busy")
+            task_id = await kit.submit_config_task(
+                conn, {"requestID": "r2", "maxStrictPercentage": 50}
+            )
+            row = await kit.wait_task(conn, task_id)
+            assert row["status"] == "completed", row["last_error"]
+            assert row["result"]["outcome"] == "converged"
+            version = row["result"]["version"]
+            assert version > v1
+            assert worker.applied_version == version
+            assert worker.planner.strict_cap == 1
+            assert (await kit.worker_row(conn, "w1"))["applied_config_version"] == version
+            # It ran beside the business work, which is still running.
+            assert worker.inflight == 2 and gate.running[""] == 2
+            gate.open.set()
+            await kit.wait_tasks(conn, busy, {"completed"})
+
+
+async def test_a_control_task_without_its_wake_up_hint_is_found_by_the_heartbeat(
+    database_url: str,
+) -> None:
+    # The NOTIFY says nothing about the control lane (or was lost): the tick's control_pending
+    # row must still get it claimed into the spare control slot of a full worker.
+    gate = kit.gate("busy2")
+    async with (
+        kit.connect(database_url) as conn,
+        kit.running_worker(database_url, concurrency=1) as worker,
+    ):
+        busy = await kit.submit(conn, "kit.block", [{"gate": "busy2"}] * 2)
+        await kit.wait_until(lambda: worker.inflight == 1, "the slot is busy")
+        (task_id,) = await kit.submit(
+            conn,
+            "updateWorkerRuntimeConfig",
+            [{"requestID": "quiet", "maxStrictPercentage": 20}],
+            priority=CONTROL_PRIORITY,
+            wake_hint="",
+        )
+        row = await kit.wait_task(conn, task_id)
+        assert row["status"] == "completed", row["last_error"]
+        assert row["result"]["outcome"] == "converged"
+        assert worker.applied_version == row["result"]["version"]
+        assert gate.running[""] == 1
+        gate.open.set()
+        await kit.wait_tasks(conn, busy, {"completed"})
