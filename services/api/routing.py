@@ -16,10 +16,13 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope
 
 from services.api.auth import RoleRequirement
 from services.api.errors import ApiError, error_item
+
+_FASTAPI_BODY_PARSE_ERROR = "There was an error parsing the body"
 
 
 class _BufferedRequest(Request):
@@ -71,7 +74,23 @@ class GuardedRoute(APIRoute):
             if reads_body and limit is not None:
                 body = await read_body(request, limit)
                 request = _BufferedRequest(request.scope, request.receive, body)
-            return await handler(request)
+            try:
+                return await handler(request)
+            except HTTPException as exc:
+                # FastAPI answers a body json.loads cannot take for a reason other than syntax
+                # (not UTF-8, nested past the recursion limit) with a bare 400; say which rule.
+                if not reads_body or exc.detail != _FASTAPI_BODY_PARSE_ERROR:
+                    raise
+                raise ApiError(
+                    422,
+                    [
+                        error_item(
+                            ("body",),
+                            "must be UTF-8 JSON nested at most a few hundred levels deep",
+                            "json_invalid",
+                        )
+                    ],
+                ) from exc
 
         return guarded_handler
 

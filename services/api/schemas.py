@@ -8,7 +8,7 @@ in the same error shape.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import (
@@ -38,6 +38,7 @@ MAX_ATTEMPTS = 100
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 # Far enough for any real schedule, near enough that now() + delay never overflows a timestamptz.
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600.0
+EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _storable_text(value: str) -> str:
@@ -132,9 +133,17 @@ class TaskIn(BaseModel):
     @field_validator("run_at")
     @classmethod
     def _not_with_delay(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
-        if value is not None and info.data.get("delay_seconds") is not None:
+        if value is None:
+            return value
+        if info.data.get("delay_seconds") is not None:
             raise PydanticCustomError(
                 "mutually_exclusive", "give delay_seconds or run_at, not both"
+            )
+        # Bounded so the database can always store it (year 1 at +14:00 is year 0 in UTC).
+        latest = datetime.now(UTC) + timedelta(seconds=MAX_DELAY_SECONDS)
+        if not EARLIEST_RUN_AT <= value <= latest:
+            raise PydanticCustomError(
+                "out_of_range", "must be after 1970-01-01 and at most 10 years from now"
             )
         return value
 

@@ -19,6 +19,8 @@ def serve(settings: ApiSettings) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Reading the migration head at startup makes Alembic chatty at INFO; its news is not ours.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     app = create_app(settings)
     uvicorn.run(
         app,

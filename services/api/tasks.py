@@ -55,6 +55,10 @@ WAIT_MAX_TIMEOUT = 300.0
 # the insert is then simply tried again, a bounded number of times.
 DEDUP_ATTEMPTS = 3
 
+# Far beyond any real parameter object, and well inside what JSON encoders (the response's
+# included) handle: deeper payloads could be stored and then not be served back.
+MAX_PAYLOAD_DEPTH = 64
+
 # An escaped NUL (\u0000) in JSON text, not preceded by an escaped backslash: jsonb rejects it.
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -83,18 +87,37 @@ class _Submission:
     payload_json: str
 
 
+def _nests_deeper_than(value: Any, limit: int) -> bool:
+    # Iterative: a payload nested thousands deep must not exhaust Python's stack here.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return False
+
+
 def _encode_payload(payload: Mapping[str, Any], loc: Loc) -> str:
+    if _nests_deeper_than(payload, MAX_PAYLOAD_DEPTH):
+        raise ApiError(
+            422,
+            [error_item(loc, f"nests deeper than {MAX_PAYLOAD_DEPTH} levels", "too_deep")],
+        )
     try:
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         size = len(text.encode("utf-8"))
-    except ValueError:  # NaN or Infinity (Python's JSON parser accepts them; JSON does not)
-        raise ApiError(
-            422, [error_item(loc, "must not contain NaN or Infinity", "invalid_json")]
-        ) from None
-    except UnicodeEncodeError:
+    except UnicodeEncodeError:  # before ValueError, its base class
         raise ApiError(
             422,
             [error_item(loc, "must be valid Unicode text (unpaired surrogate)", "invalid_json")],
+        ) from None
+    except ValueError:  # NaN or Infinity (Python's JSON parser accepts them; JSON does not)
+        raise ApiError(
+            422, [error_item(loc, "must not contain NaN or Infinity", "invalid_json")]
         ) from None
     if size > MAX_PAYLOAD_BYTES:
         raise ApiError(

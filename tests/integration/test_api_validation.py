@@ -51,6 +51,13 @@ def echo(**fields: Any) -> dict[str, Any]:
     return {"type": "demo.echo", **fields}
 
 
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 # (body, expected loc of the first error, expected error type)
 BAD_TASKS: list[Any] = [
     pytest.param({}, ["body", "type"], "missing", id="type missing"),
@@ -143,6 +150,24 @@ BAD_TASKS: list[Any] = [
         ["body", "run_at"],
         "datetime_from_date_parsing",
         id="run_at not a time",
+    ),
+    pytest.param(
+        echo(run_at="0001-01-01T00:00:00+14:00"),
+        ["body", "run_at"],
+        "out_of_range",
+        id="run_at before 1970",
+    ),
+    pytest.param(
+        echo(run_at="9999-12-31T23:59:59-14:00"),
+        ["body", "run_at"],
+        "out_of_range",
+        id="run_at past 10 years",
+    ),
+    pytest.param(
+        echo(payload={"value": nested(65)}),
+        ["body", "payload"],
+        "too_deep",
+        id="payload nested too deep",
     ),
     pytest.param(
         echo(max_attempts=0), ["body", "max_attempts"], "greater_than_equal", id="attempts 0"
@@ -250,6 +275,7 @@ async def test_the_limits_themselves_are_accepted(
             priority=2147483646,
             weight=2147483647,
             labels=[f"{i:03d}" + "x" * 125 for i in range(32)],
+            payload={"value": nested(63)},  # 64 levels with the payload object itself
             max_attempts=100,
             timeout_seconds=7 * 86400,
             unique_key="k" * 200,
@@ -338,6 +364,13 @@ async def test_batch_of_several_large_payloads_is_accepted(
     ("raw", "loc", "error_type"),
     [
         pytest.param(b'{"type": "demo.echo"', ["body", 20], "json_invalid", id="truncated JSON"),
+        pytest.param(b"\xff\xfe{}", ["body", 0], "json_invalid", id="not UTF-8"),
+        pytest.param(
+            b'{"type": "demo.echo", "payload": {"value": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+            ["body"],
+            "json_invalid",
+            id="nested past the parser's limit",
+        ),
         pytest.param(
             b'{"type": "demo.echo", "payload": {"value": NaN}}',
             ["body", "payload"],
@@ -384,6 +417,19 @@ async def test_malformed_body_is_422(
     first = response.json()["detail"][0]
     assert (first["loc"], first["type"]) == (loc, error_type)
     assert await count_tasks(conn) == 0
+
+
+async def test_payload_encoding_errors_say_which_rule(client: httpx.AsyncClient) -> None:
+    async def msg(raw: bytes) -> str:
+        response = await client.post(
+            "/tasks", content=raw, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 422
+        return str(response.json()["detail"][0]["msg"])
+
+    assert "surrogate" in await msg(b'{"type": "demo.echo", "payload": {"value": "\\ud800"}}')
+    assert "NaN" in await msg(b'{"type": "demo.echo", "payload": {"value": -Infinity}}')
+    assert "NUL" in await msg(b'{"type": "demo.echo", "payload": {"\\u0000": 1}}')
 
 
 async def test_escaped_backslash_before_u0000_is_not_a_nul(client: httpx.AsyncClient) -> None:
