@@ -278,13 +278,19 @@ task_claim = _query(
             FOR UPDATE OF t SKIP LOCKED
         ) AS picked
     ),
-    -- When the strict cap is full: is strict work waiting? (the saturation counter)
+    -- Lanes this claim did not ask of: is ready work waiting there? (Index probes, no locks.)
+    -- strict: the cap is full (the saturation counter); normal: every slot went to the strict
+    -- lane, and an empty answer lets an idle worker sleep after one statement, not two.
     waiting AS (
         SELECT CAST(:probe_strict AS boolean) AND EXISTS (
-            SELECT 1 FROM taskfleet.tasks t
-            WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
-              AND t.run_after <= now()
-        ) AS strict_waiting
+                   SELECT 1 FROM taskfleet.tasks t
+                   WHERE t.status = 'pending' AND t.priority > 0
+                     AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
+               ) AS strict_waiting,
+               CAST(:probe_normal AS boolean) AND EXISTS (
+                   SELECT 1 FROM taskfleet.tasks t
+                   WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
+               ) AS normal_waiting
     ),
     -- Take them all: running, leased, attempt counted.
     claimed AS (
@@ -305,7 +311,7 @@ task_claim = _query(
     )
     -- Always one row at least, so the probe result and the written outcomes come back when
     -- nothing was claimed.
-    SELECT waiting.strict_waiting,
+    SELECT waiting.strict_waiting, waiting.normal_waiting,
            ARRAY(SELECT finished.id FROM finished) AS finished_ids,
            claimed.*
     FROM waiting LEFT JOIN claimed ON true
@@ -379,11 +385,14 @@ worker_tick = _query(
         WHERE w.id = CAST(:worker_id AS text)
         RETURNING w.id
     ),
-    -- ... and the leases of all its running tasks, in the same statement.
+    -- ... and the leases of all the tasks it holds, in the same statement. Only those it
+    -- names: a row left running under this id by an earlier process (a crash, a lost claim
+    -- reply) must expire and be rescued, not be kept alive forever.
     leases AS (
         UPDATE taskfleet.tasks t
         SET lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
         WHERE t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
+          AND t.id = ANY(CAST(:held AS bigint[]))
         RETURNING t.id, t.cancel_requested
     ),
     -- The sweep, when due, by one worker at a time (try-lock: a busy lock means someone sweeps).
@@ -394,7 +403,7 @@ worker_tick = _query(
     expired AS (
         SELECT t.id FROM taskfleet.tasks t, sweep_lock
         WHERE sweep_lock.held AND t.status = 'running' AND t.lease_expires_at < now()
-          AND t.worker_id IS DISTINCT FROM CAST(:worker_id AS text)
+          AND NOT (t.worker_id = CAST(:worker_id AS text) AND t.id = ANY(CAST(:held AS bigint[])))
         FOR UPDATE OF t SKIP LOCKED
     ),
     -- Expired leases: back to pending (the attempt stays counted), or failed when exhausted.

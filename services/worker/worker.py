@@ -47,6 +47,10 @@ from shared.settings import WorkerSettings
 log = logging.getLogger("taskfleet.worker")
 
 MAX_ERROR_CHARS = 8000
+#: What a database round trip can raise: server errors, network errors, timeouts, and asyncpg's
+#: own client-side errors (InternalClientError after a killed connection is not an
+#: InterfaceError). All of them are retried with backoff; none may stop the worker.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (Exception,)
 MAX_RESULT_BYTES = 1 << 20
 
 
@@ -133,6 +137,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._work_hint = asyncio.Event()
         self._control_hint = False
+        self._control_event = asyncio.Event()
         self._hint_generation = 0
         self._last_dry_reset = 0.0
         self._stop = asyncio.Event()
@@ -195,6 +200,7 @@ class Worker:
         self._stop.set()
         self._work_hint.set()
         self._slot_freed.set()
+        self._control_event.set()
 
     async def _start_up(self) -> bool:
         retry = _Backoff(base=0.2, cap=5.0)
@@ -212,7 +218,7 @@ class Worker:
                     metrics_port=self.metrics_port,
                 )
                 return True
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except DATABASE_ERRORS as exc:
                 delay = retry.next()
                 log.warning("start-up: database unavailable (%s); retrying in %.1fs", exc, delay)
                 await self._sleep(delay)
@@ -330,9 +336,12 @@ class Worker:
                 if control_free and self._control_hint:
                     plan = ClaimPlan(control=1)
                 else:
+                    # Every slot is busy: only a freed slot or a control-lane task matters now.
+                    # (A general wake-up must not wake this wait, or the loop would spin.)
                     self._slot_freed.clear()
+                    self._control_event.clear()
                     self._enter_wait()
-                    await self._wait_any(self._slot_freed, self._work_hint, timeout=None)
+                    await self._wait_any(self._slot_freed, self._control_event, timeout=None)
                     self._claim_pending = True
                     continue
             else:
@@ -363,10 +372,11 @@ class Worker:
                     group_keys=plan.group_keys,
                     group_limits=plan.group_limits,
                     probe_strict=plan.probe_strict,
+                    probe_normal=plan.probe_normal,
                     worker_id=self.id,
                     lease_ttl=self.settings.lease_ttl,
                 )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except DATABASE_ERRORS as exc:
                 self._outcomes[:0] = outcomes  # never drop an outcome: they go out next time
                 delay = retry.next()
                 log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
@@ -388,7 +398,9 @@ class Worker:
                 self.metrics.strict_saturation.inc()
             if generation == self._hint_generation:
                 # Only trust a shortfall if no new work was announced meanwhile.
-                self.planner.observe(plan, claimed)
+                self.planner.observe(
+                    plan, claimed, normal_waiting=bool(rows and rows[0]["normal_waiting"])
+                )
             self._publish_inflight()
 
     def _enter_wait(self) -> None:
@@ -567,7 +579,7 @@ class Worker:
             try:
                 await self._write(batch)
                 retry.reset()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except DATABASE_ERRORS as exc:
                 # Never drop an outcome: put it back and try again.
                 self._outcomes[:0] = batch
                 delay = retry.next()
@@ -634,11 +646,12 @@ class Worker:
                     strict_inflight=self.strict_inflight,
                     applied_version=self.applied_version,
                     worker_id=self.id,
+                    held=self._held_ids(),
                     lease_ttl=self.settings.lease_ttl,
                     sweep=sweep,
                     sweep_lock_key=queries.SWEEP_LOCK_KEY,
                 )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except DATABASE_ERRORS as exc:
                 self.metrics.heartbeat_failures.inc()
                 delay = retry.next()
                 log.warning("heartbeat failed (%s); retrying in %.2fs", exc, delay)
@@ -649,6 +662,10 @@ class Worker:
             if sweep:
                 next_sweep = now + sweep_every
             await self._on_tick(rows)
+
+    def _held_ids(self) -> list[int]:
+        """Tasks this process holds: running, or finished with the outcome not yet written."""
+        return [*self._running, *(o.id for o in self._outcomes)]
 
     async def _on_tick(self, rows: list[asyncpg.Record]) -> None:
         for row in rows:
@@ -662,6 +679,7 @@ class Worker:
                 self._schedule_config_refresh()
             elif kind == "control_pending":
                 self._control_hint = True
+                self._control_event.set()
                 self._work_hint_local()
             elif kind == "registered" and row["id"] == 0 and self.status == "running":
                 log.warning("worker row missing; registering again")
@@ -675,6 +693,7 @@ class Worker:
         if isinstance(message, protocol.TaskReady):
             if message.control:
                 self._control_hint = True
+                self._control_event.set()
             self._hint_generation += 1
             self.planner.reset_dry()
             self._work_hint.set()
@@ -704,7 +723,7 @@ class Worker:
     async def _refresh_config_safely(self) -> None:
         try:
             await self._refresh_config(ack=True)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except DATABASE_ERRORS as exc:
             log.warning("reading the runtime config failed (%s); the next tick retries", exc)
 
     async def _refresh_config(self, *, ack: bool) -> None:

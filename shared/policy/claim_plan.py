@@ -27,6 +27,8 @@ class ClaimPlan:
     groups: tuple[tuple[GroupKey, int], ...] = ()
     #: Ask the database whether strict work is waiting (the strict cap is full).
     probe_strict: bool = False
+    #: Ask whether normal-lane work is waiting (no slot went to the normal lane).
+    probe_normal: bool = False
 
     @property
     def normal(self) -> int:
@@ -98,10 +100,26 @@ class ClaimPlanner:
         if normal_slots > 0 and eligible:
             quotas = self._rotation.take(normal_slots, eligible)
             groups = tuple((g, quotas[g]) for g in self._rotation.groups if g in quotas)
-        return ClaimPlan(control=control, strict=strict, groups=groups, probe_strict=probe)
+        probe_normal = free > 0 and not groups and bool(eligible)
+        return ClaimPlan(
+            control=control,
+            strict=strict,
+            groups=groups,
+            probe_strict=probe,
+            probe_normal=probe_normal,
+        )
 
-    def observe(self, plan: ClaimPlan, claimed: Mapping[tuple[Lane, GroupKey], int]) -> None:
-        """Record what a claim returned: whatever came back short is dry."""
+    def observe(
+        self,
+        plan: ClaimPlan,
+        claimed: Mapping[tuple[Lane, GroupKey], int],
+        *,
+        normal_waiting: bool | None = None,
+    ) -> None:
+        """Record what a claim returned: whatever came back short is dry. ``normal_waiting``
+        is the answer to ``plan.probe_normal``: False makes the whole normal lane dry."""
+        if plan.probe_normal and normal_waiting is False:
+            self._dry_groups.update(self._rotation.groups)
         if plan.control and claimed.get((Lane.CONTROL, None), 0) < plan.control:
             self._dry_control = True
         if plan.strict and claimed.get((Lane.STRICT, None), 0) < plan.strict:
