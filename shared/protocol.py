@@ -7,6 +7,7 @@ nothing here raises on bad input.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shared.queries import TASK_READY_CHANNEL
@@ -17,12 +18,27 @@ CHANNELS = (TASK_READY_CHANNEL, CONFIG_CHANNEL, CONFIG_ACK_CHANNEL)
 
 #: Wake-up hint payload when the submitted work includes a control-lane task.
 CONTROL_HINT = "control"
+_LANE_NAMES = frozenset({"control", "strict", "normal"})
 MAX_PAYLOAD_BYTES = 8000
 
 
 @dataclass(frozen=True)
 class TaskReady:
-    control: bool
+    """New work. ``lanes``: the lanes it is in, or ``None`` when the hint does not say."""
+
+    lanes: frozenset[str] | None
+
+    @property
+    def control(self) -> bool:
+        # Only an explicit hint: a busy worker claims into its control slot on it. Control work
+        # is always announced by name (and found by the heartbeat's probe if a hint is lost).
+        return self.lanes is not None and "control" in self.lanes
+
+
+def wake_hint(lanes: Iterable[str]) -> str:
+    """The ``taskfleet_task_ready`` payload naming the lanes a submission put work in, so a
+    worker retries only those (an empty payload means: any lane)."""
+    return ",".join(sorted(set(lanes) & _LANE_NAMES))
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,9 @@ def _positive_int(value: object) -> int | None:
 def parse(channel: str, payload: str) -> Message:
     """Parse one notification. Never raises."""
     if channel == TASK_READY_CHANNEL:
-        return TaskReady(control=payload == CONTROL_HINT)
+        # A hint only: anything unexpected means "any lane", never an error.
+        named = frozenset(part.strip() for part in payload.split(",") if part.strip())
+        return TaskReady(lanes=named if named and named <= _LANE_NAMES else None)
     if channel not in (CONFIG_CHANNEL, CONFIG_ACK_CHANNEL):
         return Malformed(channel, payload[:200], "unknown channel")
     try:

@@ -34,6 +34,7 @@ from services.api.schemas import (
     TaskPage,
     WaitedTask,
 )
+from shared import protocol
 from shared import queries as q
 from shared.metrics import ApiMetrics
 from shared.policy.lanes import lane_for_priority
@@ -177,7 +178,7 @@ def _insert_params(submissions: Sequence[_Submission]) -> dict[str, Any]:
         "run_ats": [t.run_at for t in tasks],
         "timeouts": [t.timeout_seconds for t in tasks],
         "unique_keys": [t.unique_key for t in tasks],
-        "wake_hint": "",
+        "wake_hint": protocol.wake_hint(lane_for_priority(t.priority).value for t in tasks),
     }
 
 

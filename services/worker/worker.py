@@ -695,7 +695,7 @@ class Worker:
                 self._control_hint = True
                 self._control_event.set()
             self._hint_generation += 1
-            self.planner.reset_dry()
+            self.planner.reset_dry(message.lanes)
             self._work_hint.set()
         elif isinstance(message, protocol.ConfigUpdated):
             if message.version > self.applied_version:

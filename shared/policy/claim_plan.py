@@ -10,7 +10,7 @@ share the capacity in proportion to their weights.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from shared.policy.groups import GroupKey, SmoothWeightedRoundRobin, group_for_labels
@@ -78,11 +78,15 @@ class ClaimPlanner:
     def configured_labels(self) -> list[str]:
         return sorted(self._configured)
 
-    def reset_dry(self) -> None:
-        """Something suggests new work: try every lane and group again."""
-        self._dry_control = False
-        self._dry_strict = False
-        self._dry_groups.clear()
+    def reset_dry(self, lanes: Iterable[str] | None = None) -> None:
+        """Something suggests new work: try the named lanes (default: all) and groups again."""
+        names = None if lanes is None else frozenset(lanes)
+        if names is None or Lane.CONTROL.value in names:
+            self._dry_control = False
+        if names is None or Lane.STRICT.value in names:
+            self._dry_strict = False
+        if names is None or Lane.NORMAL.value in names:
+            self._dry_groups.clear()
 
     def control_possible(self) -> bool:
         return not self._dry_control

@@ -344,7 +344,7 @@ async def test_batch_sends_one_wakeup_per_request(
             payloads.append(await asyncio.wait_for(received.get(), PATIENCE))
     finally:
         await listener.close()
-    assert payloads == ["", "sentinel"]
+    assert payloads == ["normal", "sentinel"]  # one wake-up, naming the lane
 
 
 # ---------------------------------------------------------------------------------------------

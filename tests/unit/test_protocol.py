@@ -65,9 +65,29 @@ def test_extra_fields_are_tolerated() -> None:
     assert parse(CONFIG_CHANNEL, raw) == ConfigUpdated("R", 2)
 
 
-@pytest.mark.parametrize(("payload", "control"), [("", False), (CONTROL_HINT, True), ("x", False)])
-def test_task_ready_hint(payload: str, control: bool) -> None:
-    assert parse(TASK_READY_CHANNEL, payload) == TaskReady(control=control)
+@pytest.mark.parametrize(
+    ("payload", "lanes", "control"),
+    [
+        ("", None, False),  # no hint: any lane but control (always announced by name)
+        (CONTROL_HINT, frozenset({"control"}), True),
+        ("normal", frozenset({"normal"}), False),
+        ("strict,normal", frozenset({"strict", "normal"}), False),
+        ("x", None, False),  # an unknown hint is not trusted: any lane but control
+        ("normal,bogus", None, False),
+    ],
+)
+def test_task_ready_hint(payload: str, lanes: frozenset[str] | None, control: bool) -> None:
+    message = parse(TASK_READY_CHANNEL, payload)
+    assert message == TaskReady(lanes=lanes)
+    assert isinstance(message, TaskReady) and message.control is control
+
+
+def test_wake_hint_names_only_known_lanes_sorted() -> None:
+    from shared.protocol import wake_hint
+
+    assert wake_hint(["normal", "strict", "normal"]) == "normal,strict"
+    assert wake_hint(["bogus"]) == ""
+    assert parse(TASK_READY_CHANNEL, wake_hint(["strict"])) == TaskReady(frozenset({"strict"}))
 
 
 def test_unknown_channel_is_malformed() -> None:
