@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -72,6 +73,11 @@ class Proc:
 
     def wait(self, timeout: float) -> int:
         return self.popen.wait(timeout)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``: the API, or a worker's /metrics and health port."""
+        return f"http://127.0.0.1:{self.port}"
 
 
 @dataclass
@@ -154,6 +160,29 @@ class Fleet:
             await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
         return proc
 
+    async def start_workers(
+        self,
+        *worker_ids: str,
+        concurrency: int = 4,
+        extra_env: dict[str, str] | None = None,
+    ) -> list[Proc]:
+        """Start several workers at once (their start-ups overlap); each is ready on return."""
+        return list(
+            await asyncio.gather(
+                *(
+                    self.start_worker(w, concurrency=concurrency, extra_env=extra_env)
+                    for w in worker_ids
+                )
+            )
+        )
+
+    def proc(self, name: str) -> Proc:
+        """The process started under ``name`` (``api`` or a worker id), the latest one."""
+        for proc in reversed(self.procs):
+            if proc.name == name:
+                return proc
+        raise KeyError(name)
+
     @property
     def api_url(self) -> str:
         assert self.api is not None, "start_api() first"
@@ -219,3 +248,63 @@ async def eventually(
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not met within {timeout}s (last value {value!r})")
         await asyncio.sleep(interval)
+
+
+async def scrape_metric(url: str, name: str, **labels: str) -> float | None:
+    """The sum of the samples of metric ``name`` (a sample name as exposed, e.g. a counter's
+    ``..._total``) at ``url`` (a /metrics endpoint) whose labels include ``labels``; None when
+    no such sample is exposed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        response = await client.get(url)
+    response.raise_for_status()
+    found: float | None = None
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                found = (found or 0.0) + sample.value
+    return found
+
+
+#: Task statuses a task never leaves.
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+
+async def task_rows(conn: asyncpg.Connection, ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The rows of tasks ``ids`` (read from the database, the truth), by id; ``payload`` and
+    ``result`` decoded from JSON."""
+    rows = await conn.fetch(
+        "SELECT id, type, payload::text, status, attempts, max_attempts, worker_id, "
+        "result::text, last_error, started_at, finished_at "
+        "FROM taskfleet.tasks WHERE id = ANY($1::bigint[])",
+        ids,
+    )
+    decoded: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        item = dict(row)
+        for key in ("payload", "result"):
+            item[key] = json.loads(item[key]) if item[key] is not None else None
+        decoded[row["id"]] = item
+    return decoded
+
+
+async def wait_tasks_terminal(
+    conn: asyncpg.Connection, ids: list[int], *, timeout: float = 60.0
+) -> dict[int, dict[str, Any]]:
+    """Until every task in ``ids`` is completed, failed or cancelled; their rows by id. On
+    timeout the error counts the statuses it last saw."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = await task_rows(conn, ids)
+        if len(rows) == len(set(ids)) and all(
+            r["status"] in TERMINAL_STATUSES for r in rows.values()
+        ):
+            return rows
+        if time.monotonic() > deadline:
+            counts: dict[str, int] = {}
+            for row in rows.values():
+                counts[row["status"]] = counts.get(row["status"], 0) + 1
+            missing = len(set(ids)) - len(rows)
+            raise TimeoutError(f"tasks not terminal within {timeout}s: {counts}, {missing} missing")
+        await asyncio.sleep(0.2)
