@@ -1,0 +1,247 @@
+"""Running the named queries on raw asyncpg connections, as the worker's hot path does.
+
+Tests seed and inspect rows with plain SQL (allowed in tests); everything under test goes through
+``shared.queries``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from shared import db
+from shared import queries as q
+from shared.policy.groups import GroupKey
+from shared.policy.lanes import CONTROL_PRIORITY
+
+LEASE_TTL = 30.0
+
+
+async def run(conn: asyncpg.Connection, query: q.Query, **params: Any) -> list[asyncpg.Record]:
+    sql, args = query.positional(params)
+    return await conn.fetch(sql, *args)
+
+
+@asynccontextmanager
+async def connected(url: str, name: str = "taskfleet-test") -> AsyncIterator[asyncpg.Connection]:
+    conn = await db.connect(url, application_name=name)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """One task to submit through ``task_insert_batch`` (defaults as the API's)."""
+
+    type: str = "demo.echo"
+    payload: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    weight: int = 1
+    labels: Sequence[str] = ()
+    max_attempts: int = 3
+    delay: float | None = None
+    timeout: float | None = None
+    unique_key: str | None = None
+
+
+async def insert_tasks(conn: asyncpg.Connection, tasks: Iterable[NewTask]) -> list[int]:
+    """Submit the tasks in one statement; their ids in submission order."""
+    tasks = list(tasks)
+    rows = await run(
+        conn,
+        q.task_insert_batch,
+        types=[t.type for t in tasks],
+        payloads=[db.dumps(t.payload) for t in tasks],
+        priorities=[t.priority for t in tasks],
+        weights=[t.weight for t in tasks],
+        labels=[json.dumps(list(t.labels)) for t in tasks],
+        max_attempts=[t.max_attempts for t in tasks],
+        delays=[t.delay for t in tasks],
+        run_ats=[None for _ in tasks],
+        timeouts=[t.timeout for t in tasks],
+        unique_keys=[t.unique_key for t in tasks],
+        wake_hint="",
+    )
+    assert [r["ord"] for r in rows] == list(range(1, len(tasks) + 1))
+    assert not any(r["deduplicated"] for r in rows)
+    return [r["id"] for r in rows]
+
+
+async def insert_task(conn: asyncpg.Connection, task: NewTask | None = None) -> int:
+    (task_id,) = await insert_tasks(conn, [task or NewTask()])
+    return task_id
+
+
+def control_task() -> NewTask:
+    return NewTask(type="updateWorkerRuntimeConfig", priority=CONTROL_PRIORITY, max_attempts=1)
+
+
+Outcome = tuple[int, str]
+"""(task id, status the attempt ended in: completed, failed, cancelled or pending = retry)."""
+
+
+def outcome_params(
+    outcomes: Sequence[Outcome], *, error: str | None = None, retry_in: float = 0.0
+) -> dict[str, list[Any]]:
+    """The ``fin_*`` parameters shared by ``task_finish_batch`` and ``task_claim``."""
+    return {
+        "fin_ids": [i for i, _ in outcomes],
+        "fin_statuses": [s for _, s in outcomes],
+        "fin_results": ['{"ok": true}' if s == "completed" else None for _, s in outcomes],
+        "fin_errors": [None if s == "completed" else error for _, s in outcomes],
+        "fin_retry_in": [retry_in for _ in outcomes],
+    }
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one ``task_claim`` round trip returned."""
+
+    strict_waiting: bool
+    normal_waiting: bool
+    rows: list[asyncpg.Record]
+    #: The outcomes carried by the claim that were written (the guard let them through).
+    finished_ids: list[int]
+
+    @property
+    def ids(self) -> list[int]:
+        return [r["id"] for r in self.rows]
+
+
+async def claim(
+    conn: asyncpg.Connection,
+    *,
+    worker_id: str = "w1",
+    control: int = 0,
+    strict: int = 0,
+    groups: Sequence[tuple[GroupKey, int]] = (),
+    configured: Sequence[str] = (),
+    probe_strict: bool = False,
+    probe_normal: bool = False,
+    lease_ttl: float = LEASE_TTL,
+    outcomes: Sequence[Outcome] = (),
+    error: str | None = None,
+) -> Claim:
+    rows = await run(
+        conn,
+        q.task_claim,
+        **outcome_params(outcomes, error=error),
+        control_limit=control,
+        strict_limit=strict,
+        configured=list(configured),
+        group_keys=[g for g, _ in groups],
+        group_limits=[n for _, n in groups],
+        probe_strict=probe_strict,
+        probe_normal=probe_normal,
+        worker_id=worker_id,
+        lease_ttl=lease_ttl,
+    )
+    assert rows, "task_claim always returns at least one row"
+    # The per-statement columns repeat on every row.
+    waiting = {(r["strict_waiting"], r["normal_waiting"]) for r in rows}
+    finished = {tuple(sorted(r["finished_ids"])) for r in rows}
+    assert len(waiting) == len(finished) == 1
+    strict_waiting, normal_waiting = waiting.pop()
+    claimed = [r for r in rows if r["id"] is not None]
+    assert len(claimed) == len(rows) or len(rows) == 1, "an empty claim is exactly one NULL row"
+    return Claim(
+        strict_waiting=strict_waiting,
+        normal_waiting=normal_waiting,
+        rows=claimed,
+        finished_ids=list(finished.pop()),
+    )
+
+
+async def claim_ids(conn: asyncpg.Connection, **kwargs: Any) -> list[int]:
+    return (await claim(conn, **kwargs)).ids
+
+
+async def register_worker(conn: asyncpg.Connection, worker_id: str, concurrency: int = 4) -> None:
+    await run(
+        conn,
+        q.worker_register,
+        id=worker_id,
+        hostname="test-host",
+        pid=1,
+        concurrency=concurrency,
+        heartbeat_interval=3.0,
+        applied_config_version=0,
+        metrics_port=None,
+    )
+
+
+async def tick(
+    conn: asyncpg.Connection,
+    worker_id: str,
+    *,
+    held: Sequence[int] = (),
+    sweep: bool = False,
+    inflight: int = 0,
+    strict_inflight: int = 0,
+    applied_version: int = 0,
+    lease_ttl: float = LEASE_TTL,
+) -> list[tuple[str, int | None, str | None]]:
+    """``worker_tick`` as (kind, id, status) tuples; ``held`` are the task ids this worker
+    process runs (only their leases are renewed)."""
+    rows = await run(
+        conn,
+        q.worker_tick,
+        inflight=inflight,
+        strict_inflight=strict_inflight,
+        applied_version=applied_version,
+        held=list(held),
+        worker_id=worker_id,
+        lease_ttl=lease_ttl,
+        sweep=sweep,
+        sweep_lock_key=q.SWEEP_LOCK_KEY,
+    )
+    return [(r["kind"], r["id"], r["status"]) for r in rows]
+
+
+def of_kind(rows: Iterable[tuple[str, int | None, str | None]], kind: str) -> list[Any]:
+    return [(i, s) for k, i, s in rows if k == kind]
+
+
+async def finish(
+    conn: asyncpg.Connection,
+    worker_id: str,
+    outcomes: Sequence[Outcome],
+    *,
+    error: str | None = None,
+    retry_in: float = 0.0,
+) -> list[Outcome]:
+    """``task_finish_batch`` for (id, status) pairs; the rows it changed."""
+    rows = await run(
+        conn,
+        q.task_finish_batch,
+        **outcome_params(outcomes, error=error, retry_in=retry_in),
+        worker_id=worker_id,
+    )
+    return sorted((r["id"], r["status"]) for r in rows)
+
+
+async def expire_leases(conn: asyncpg.Connection, ids: Sequence[int]) -> None:
+    """Move leases into the past on the database's clock (no sleeping)."""
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET lease_expires_at = now() - interval '1 second' "
+        "WHERE id = ANY($1::bigint[])",
+        list(ids),
+    )
+
+
+async def task_row(conn: asyncpg.Connection, task_id: int) -> asyncpg.Record:
+    row = await conn.fetchrow("SELECT * FROM taskfleet.tasks WHERE id = $1", task_id)
+    assert row is not None
+    return row
+
+
+async def statuses(conn: asyncpg.Connection) -> dict[int, str]:
+    rows = await conn.fetch("SELECT id, status FROM taskfleet.tasks")
+    return {r["id"]: r["status"] for r in rows}
