@@ -282,15 +282,22 @@ task_claim = _query(
     -- strict: the cap is full (the saturation counter); normal: every slot went to the strict
     -- lane, and an empty answer lets an idle worker sleep after one statement, not two.
     waiting AS (
-        SELECT CAST(:probe_strict AS boolean) AND EXISTS (
-                   SELECT 1 FROM taskfleet.tasks t
+        -- Written as "the first row in claim order, LIMIT 1", not EXISTS: an EXISTS without an
+        -- index condition was planned as a sequential scan of the whole table (175 ms at 1M
+        -- rows); ordering by the claim index's own key keeps it a one-row index probe.
+        SELECT CAST(:probe_strict AS boolean) AND (
+                   SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority > 0
                      AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
-               ) AS strict_waiting,
-               CAST(:probe_normal AS boolean) AND EXISTS (
-                   SELECT 1 FROM taskfleet.tasks t
+                   ORDER BY t.priority DESC, t.created_at, t.id
+                   LIMIT 1
+               ) IS NOT NULL AS strict_waiting,
+               CAST(:probe_normal AS boolean) AND (
+                   SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
-               ) AS normal_waiting
+                   ORDER BY t.weight DESC, t.created_at, t.id
+                   LIMIT 1
+               ) IS NOT NULL AS normal_waiting
     ),
     -- Take them all: running, leased, attempt counted.
     claimed AS (
