@@ -48,8 +48,8 @@ UPDATE_TASK_MAX_ATTEMPTS = 10
 MAX_BODY_BYTES = 1 << 20
 #: Polling of the database while a stream waits: quick right after a change, backing off to the
 #: ceiling while nothing moves.
-POLL_MIN_SECONDS = 0.05
-POLL_MAX_SECONDS = 0.25
+POLL_MIN_SECONDS = 0.02
+POLL_MAX_SECONDS = 0.2
 POLL_GROWTH = 1.5
 #: A progress event goes out at least this often, changed or not (SPEC §7), so that clients and
 #: proxies can tell a quiet stream from a dead one.

@@ -72,4 +72,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as `python -m services.cli.main`: this file is then __main__, a second copy of the
+    # module. The client and dev commands register on the importable copy's app, so run that.
+    from services.cli.main import main as importable_main
+
+    importable_main()

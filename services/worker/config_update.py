@@ -66,6 +66,8 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
         up_config = protocol.config_updated_payload(config.request_id, version)
         log.info("task %d: runtime config version %d written; notifying", task_id, version)
         await _fetch(conn, queries.notify, channel=protocol.CONFIG_CHANNEL, payload=up_config)
+        # This worker applies it at once too, not at its own next notification or tick.
+        worker.request_config_refresh()
         last_notify = time.monotonic()
         while True:
             acked.clear()

@@ -476,6 +476,11 @@ class Worker:
         finally:
             self._running.pop(running.id, None)
             self._slot_freed.set()
+            if running.lane is Lane.CONTROL:
+                # The control slot is free again: a config task that arrived meanwhile (its
+                # wake-up came while the slot was busy) is claimed now, not at the next poll.
+                self.planner.reset_dry([Lane.CONTROL.value])
+                self._work_hint_local()
             self._publish_inflight()
         self.metrics.task_duration.labels(running.lane.value).observe(self.clock() - started)
         label = {"pending": "retried", "released": "released"}.get(outcome.status, outcome.status)
@@ -715,6 +720,10 @@ class Worker:
         self._work_hint.set()
         if self.status == "running":
             self._schedule_config_refresh()
+
+    def request_config_refresh(self) -> None:
+        """Read the latest config version soon (the update task calls this after writing)."""
+        self._schedule_config_refresh()
 
     def _schedule_config_refresh(self) -> None:
         if self._config_refresh is None or self._config_refresh.done():
