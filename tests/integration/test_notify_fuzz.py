@@ -160,9 +160,18 @@ def malformed_messages(op: str, version_key: str, extra: dict[str, Any]) -> st.S
 
 CONFIG_GARBAGE = malformed_messages("up_config", "version", {})
 ACK_GARBAGE = malformed_messages("ack", "applied_version", {"worker_id": "w9"})
-#: The wake-up channel carries "" or "control" (SPEC §5: "payload tiny or empty").
+
+#: A wake-up carries nothing, or the lanes it concerns ("control", "strict,normal", ...).
+LANES = frozenset({"control", "strict", "normal"})
+
+
+def is_wake_up(payload: str) -> bool:
+    lanes = {part.strip() for part in payload.split(",") if part.strip()}
+    return not lanes or lanes <= LANES
+
+
 READY_GARBAGE = st.one_of(not_json, _json.map(_dumps), st.text(max_size=MAX_PAYLOAD_BYTES)).filter(
-    lambda t: _storable(t) not in ("", protocol.CONTROL_HINT)
+    lambda t: not is_wake_up(_storable(t))
 )
 
 
@@ -289,12 +298,12 @@ async def test_garbage_on_the_task_ready_channel_is_counted_as_malformed_and_har
     )
 
     assert worker.listener.reconnects == 0
-    # SPEC §5: the payload is "" or "control"; anything else is not the protocol, and SPEC §9
-    # says a malformed payload is logged and ignored, so it is counted as malformed.
+    # A wake-up is empty or names lanes; anything else is not the protocol. Waking up anyway
+    # is a safe fallback, but SPEC §9 wants a malformed payload seen: counted as malformed.
     malformed = kit.notifications(worker, TASK_READY, "malformed")
     assert malformed == len(garbage), (
-        f"{len(garbage)} wake-ups that are neither '' nor 'control' were taken as well formed "
-        f"({malformed} counted as malformed): protocol.parse accepts any payload on {TASK_READY}"
+        f"{len(garbage)} wake-ups naming no lane were taken as well formed ({malformed} "
+        f"counted as malformed): protocol.parse accepts any payload on {TASK_READY}"
     )
 
 
