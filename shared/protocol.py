@@ -90,9 +90,14 @@ def _positive_int(value: object) -> int | None:
 def parse(channel: str, payload: str) -> Message:
     """Parse one notification. Never raises."""
     if channel == TASK_READY_CHANNEL:
-        # A hint only: anything unexpected means "any lane", never an error.
-        named = frozenset(part.strip() for part in payload.split(",") if part.strip())
-        return TaskReady(lanes=named if named and named <= _LANE_NAMES else None)
+        # Empty: work in any lane. Otherwise a comma-separated list of lane names; anything
+        # else is malformed (logged and ignored: the poll finds whatever it was about).
+        if not payload:
+            return TaskReady(lanes=None)
+        named = frozenset(part.strip() for part in payload.split(","))
+        if named <= _LANE_NAMES:
+            return TaskReady(lanes=named)
+        return Malformed(channel, payload[:200], "expected lane names: control, strict, normal")
     if channel not in (CONFIG_CHANNEL, CONFIG_ACK_CHANNEL):
         return Malformed(channel, payload[:200], "unknown channel")
     try:

@@ -11,6 +11,7 @@ any parsing.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -83,13 +84,7 @@ class GuardedRoute(APIRoute):
                     raise
                 raise ApiError(
                     422,
-                    [
-                        error_item(
-                            ("body",),
-                            "must be UTF-8 JSON nested at most a few hundred levels deep",
-                            "json_invalid",
-                        )
-                    ],
+                    [error_item(("body",), _parse_failure(await request.body()), "json_invalid")],
                 ) from exc
 
         return guarded_handler
@@ -100,3 +95,20 @@ def guarded_route(max_body_bytes: int | None = None) -> type[GuardedRoute]:
     return type(
         f"GuardedRoute{max_body_bytes or ''}", (GuardedRoute,), {"max_body_bytes": max_body_bytes}
     )
+
+
+def _parse_failure(body: bytes) -> str:
+    """Which rule a body broke that FastAPI's JSON parsing refused with a bare 400."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return "must be UTF-8 encoded JSON"
+    try:
+        json.loads(text)
+    except RecursionError:
+        return "must be JSON nested at most a few hundred levels deep"
+    except ValueError as exc:
+        if "digits" in str(exc):
+            return "integers must have at most 4300 digits"
+        return f"must be valid JSON: {exc}"
+    return "must be valid JSON"

@@ -568,7 +568,15 @@ _CHANGE_RESPONSES: dict[int | str, dict[str, Any]] = {
     406: {"description": "The Accept header allows none of the offered types."},
     409: {"description": "The requestID was already used for a different config."},
     422: {"description": "A rule of SPEC §6 is broken; nothing was enqueued."},
+    413: {"description": "The body is larger than 1 MiB."},
 }
+#: What every route here can also answer: auth (admin role) and an unreachable database.
+_COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "No valid bearer token."},
+    403: {"description": "The token's role is not admin."},
+    503: {"description": "The database is unavailable."},
+}
+_CHANGE_RESPONSES.update(_COMMON_RESPONSES)
 
 
 @router.put("", responses=_CHANGE_RESPONSES, openapi_extra=_CONFIG_BODY)
@@ -626,7 +634,7 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-@router.get("")
+@router.get("", responses=_COMMON_RESPONSES)
 async def get_runtime_config(
     database: Database = Depends(get_database),
     settings: ApiSettings = Depends(get_settings),
@@ -688,6 +696,7 @@ def _not_found(request_id: str) -> ApiError:
             "content": {JSON: {}, NDJSON: {}, JSONL: {}, SSE: {}},
         },
         404: {"description": "No task and no version has this request id."},
+        **_COMMON_RESPONSES,
     },
 )
 async def get_runtime_config_request(

@@ -20,7 +20,11 @@ router = APIRouter(route_class=guarded_route(), tags=["workers"])
     "/workers",
     response_model=WorkerList,
     dependencies=[Depends(require_role("admin"))],
-    responses={401: {"model": ErrorMessage}, 403: {"model": ErrorMessage}},
+    responses={
+        401: {"model": ErrorMessage},
+        403: {"model": ErrorMessage},
+        503: {"model": ErrorMessage},
+    },
     summary="Every worker row, alive ones first, with alive computed",
 )
 async def list_workers(

@@ -48,6 +48,8 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
 
     def on_ack(_conn: object, _pid: int, channel: str, raw: str) -> None:
         message = protocol.parse(channel, raw)
+        malformed = isinstance(message, protocol.Malformed)
+        worker.metrics.notifications.labels(channel, "malformed" if malformed else "ok").inc()
         if isinstance(message, protocol.ConfigAck):
             acked.set()
         else:

@@ -174,6 +174,8 @@ def normalise_runtime_config(
     for key in params:
         if key not in KNOWN_FIELDS:
             issues.append(ConfigIssue((str(key),), "unknown field"))
+        elif params[key] is None:
+            issues.append(ConfigIssue((key,), "must not be null: omit the field instead"))
 
     if base is None:
         pct = default_max_strict_percentage

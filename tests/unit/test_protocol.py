@@ -72,14 +72,17 @@ def test_extra_fields_are_tolerated() -> None:
         (CONTROL_HINT, frozenset({"control"}), True),
         ("normal", frozenset({"normal"}), False),
         ("strict,normal", frozenset({"strict", "normal"}), False),
-        ("x", None, False),  # an unknown hint is not trusted: any lane but control
-        ("normal,bogus", None, False),
     ],
 )
 def test_task_ready_hint(payload: str, lanes: frozenset[str] | None, control: bool) -> None:
     message = parse(TASK_READY_CHANNEL, payload)
     assert message == TaskReady(lanes=lanes)
     assert isinstance(message, TaskReady) and message.control is control
+
+
+@pytest.mark.parametrize("payload", ["x", "normal,bogus", "normal,", " ", '{"op":"x"}'])
+def test_task_ready_garbage_is_malformed(payload: str) -> None:
+    assert isinstance(parse(TASK_READY_CHANNEL, payload), Malformed)
 
 
 def test_wake_hint_names_only_known_lanes_sorted() -> None:
@@ -179,7 +182,8 @@ channels = st.sampled_from([*CHANNELS, "elsewhere"])
 def _check_message(channel: str, message: object) -> None:
     assert isinstance(message, TaskReady | ConfigUpdated | ConfigAck | Malformed)
     if channel == TASK_READY_CHANNEL:
-        assert isinstance(message, TaskReady)
+        # A wake-up (empty, or lane names) or malformed garbage; never a config message.
+        assert isinstance(message, TaskReady | Malformed)
     elif channel == "elsewhere":
         assert isinstance(message, Malformed)
     if isinstance(message, ConfigUpdated):
