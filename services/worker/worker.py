@@ -132,6 +132,8 @@ class Worker:
         )
 
         self._running: dict[int, Running] = {}
+        #: Running tasks per lane, kept with _running (read on every loop pass: O(1)).
+        self._lane_counts: Counter[Lane] = Counter({lane: 0 for lane in Lane})
         self._outcomes: list[Outcome] = []
         self._outcome_event = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -152,6 +154,7 @@ class Worker:
         #: Set every time a config version is applied (tests wait on it).
         self.config_applied = asyncio.Event()
 
+        self._inflight_gauges = {lane: self.metrics.inflight.labels(lane.value) for lane in Lane}
         self.metrics.concurrency.set(settings.concurrency)
         self._publish_config_metrics()
 
@@ -299,15 +302,16 @@ class Worker:
 
     @property
     def inflight(self) -> int:
-        return sum(1 for r in self._running.values() if r.lane is not Lane.CONTROL)
+        """Running tasks in the regular slots (the control slot excluded)."""
+        return self._lane_counts[Lane.STRICT] + self._lane_counts[Lane.NORMAL]
 
     @property
     def strict_inflight(self) -> int:
-        return sum(1 for r in self._running.values() if r.lane is Lane.STRICT)
+        return self._lane_counts[Lane.STRICT]
 
     @property
     def control_inflight(self) -> int:
-        return sum(1 for r in self._running.values() if r.lane is Lane.CONTROL)
+        return self._lane_counts[Lane.CONTROL]
 
     @property
     def healthy(self) -> bool:
@@ -446,6 +450,7 @@ class Worker:
             timeout=row["timeout"],
         )
         self._running[running.id] = running
+        self._lane_counts[lane] += 1
         self.metrics.claims.labels(
             lane.value, group_name(group) if lane is Lane.NORMAL else ""
         ).inc()
@@ -474,7 +479,8 @@ class Worker:
             else:
                 outcome = Outcome(running.id, "released", error="interrupted by worker shutdown")
         finally:
-            self._running.pop(running.id, None)
+            if self._running.pop(running.id, None) is not None:
+                self._lane_counts[running.lane] -= 1
             self._slot_freed.set()
             if running.lane is Lane.CONTROL:
                 # The control slot is free again: a config task that arrived meanwhile (its
@@ -776,10 +782,9 @@ class Worker:
         self.metrics.strict_cap.set(self.planner.strict_cap)
 
     def _publish_inflight(self) -> None:
-        counts = Counter(r.lane for r in self._running.values())
-        for lane in Lane:
-            self.metrics.inflight.labels(lane.value).set(counts.get(lane, 0))
-        self.metrics.strict_inflight.set(counts.get(Lane.STRICT, 0))
+        for lane, gauge in self._inflight_gauges.items():
+            gauge.set(self._lane_counts[lane])
+        self.metrics.strict_inflight.set(self._lane_counts[Lane.STRICT])
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
         """Test helper: poll a condition on this worker's state (no database)."""
