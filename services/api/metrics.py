@@ -105,7 +105,13 @@ def _configured_labels(payload: Mapping[str, Any]) -> list[str]:
 
 def install_metrics(app: FastAPI, state: ApiState) -> None:
     """HTTP request metrics on the app's own registry, and the /metrics route (no token)."""
-    Instrumentator(registry=state.metrics_registry, excluded_handlers=["/metrics"]).instrument(app)
+    Instrumentator(
+        registry=state.metrics_registry,
+        excluded_handlers=["/metrics"],
+        # A streamed PUT /runtime-config lasts until the fleet converges (up to ?timeout=):
+        # its duration is time to the first event, or it would swamp the latency histogram.
+        should_exclude_streaming_duration=True,
+    ).instrument(app)
     gauges = QueueGauges(state.metrics, state.metrics_registry)
 
     @app.get("/metrics", response_class=Response, tags=["operations"], summary="Prometheus metrics")

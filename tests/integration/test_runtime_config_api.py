@@ -907,3 +907,28 @@ async def test_open_streams_do_not_hold_pooled_connections(
                 if engine.pool.checkedout() == 0:
                     break
                 await asyncio.sleep(0.05)
+
+
+async def test_a_long_stream_does_not_swamp_the_http_latency_histogram(
+    client: httpx.AsyncClient,
+    fleet: list[Worker],
+    fake_worker: FakeWorker,
+) -> None:
+    # The lagging fake keeps the stream open until its 3 s timeout: the request lasts >= 3 s.
+    async with put_stream(
+        client, {"defaultWeight": 2, "requestID": "long"}, params={"timeout": "3"}
+    ) as stream:
+        events = await stream.rest()
+    assert events[-1]["event"] == "timeout"
+
+    metrics = (await client.get("/metrics")).text
+    durations = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("http_request_duration_seconds_sum")
+        and 'handler="/runtime-config"' in line
+        and 'method="PUT"' in line
+    ]
+    assert durations, "the PUT is missing from the latency histogram"
+    # Recorded as time to the first event, not the 3 s the stream stayed open.
+    assert durations[0] < 2.0, durations
