@@ -57,7 +57,9 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
 
     conn = await db.connect(settings.listen_url, application_name="taskfleet-config-writer")
     try:
-        await conn.add_listener(protocol.CONFIG_ACK_CHANNEL, on_ack)
+        if settings.listen_enabled:
+            # ACKs only shorten the wait; with LISTEN disabled the loop simply polls.
+            await conn.add_listener(protocol.CONFIG_ACK_CHANNEL, on_ack)
         row = await _fetch(
             conn,
             queries.runtime_config_insert,

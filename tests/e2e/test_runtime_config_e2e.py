@@ -693,12 +693,25 @@ async def test_malformed_notifications_are_ignored(database_url: str) -> None:
                         "taskfleet_worker_notifications_total", channel=CONFIG_CHANNEL, result="ok"
                     )
                     == 1
+                    # Every payload is counted: an empty or lane-naming one as a wake-up ("ok"),
+                    # the rest as malformed (logged and ignored).
                     and s.value(
                         "taskfleet_worker_notifications_total",
                         channel=TASK_READY_CHANNEL,
                         result="ok",
                     )
+                    + s.value(
+                        "taskfleet_worker_notifications_total",
+                        channel=TASK_READY_CHANNEL,
+                        result="malformed",
+                    )
                     >= len(TASK_READY_GARBAGE)
+                    and s.value(
+                        "taskfleet_worker_notifications_total",
+                        channel=TASK_READY_CHANNEL,
+                        result="malformed",
+                    )
+                    >= 3
                     for s in await scrape_all(workers)
                 )
 
