@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from services.api.app import create_app
 from services.api.auth import Authenticator
-from shared import db
 from shared.settings import ApiSettings
+from tests.integration.conftest import count_tasks
 
 ADMIN = "admin-token-0123456789"
 SUBMIT = "submit-token-0123456789"
@@ -46,19 +46,6 @@ async def started_client(settings: ApiSettings) -> AsyncIterator[httpx.AsyncClie
 async def client(database_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async for c in started_client(api_settings(database_url)):
         yield c
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    connection = await db.connect(database_url)
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-async def count_tasks(conn: asyncpg.Connection) -> int:
-    return int(await conn.fetchval("SELECT count(*) FROM taskfleet.tasks"))
 
 
 async def a_task(client: httpx.AsyncClient) -> int:

@@ -21,6 +21,7 @@ from services.api.app import create_app
 from shared import db
 from shared import queries as q
 from shared.settings import ApiSettings
+from tests.integration.conftest import count_tasks
 from tests.pg import with_database
 
 ADMIN = "admin-token-0123456789"
@@ -55,19 +56,6 @@ async def started_client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
 async def client(database_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async for c in started_client(create_app(api_settings(database_url))):
         yield c
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    connection = await db.connect(database_url)
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-async def count_tasks(conn: asyncpg.Connection) -> int:
-    return int(await conn.fetchval("SELECT count(*) FROM taskfleet.tasks"))
 
 
 async def submit(client: httpx.AsyncClient, **task: Any) -> dict[str, Any]:

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from services.api.app import create_app
-from shared import db
 from shared.settings import ApiSettings
+from tests.integration.conftest import count_tasks
 
 ADMIN = "admin-token-0123456789"
 KIB = 1024
@@ -32,19 +32,6 @@ async def client(database_url: str) -> AsyncIterator[httpx.AsyncClient]:
         ) as c,
     ):
         yield c
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    connection = await db.connect(database_url)
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-async def count_tasks(conn: asyncpg.Connection) -> int:
-    return int(await conn.fetchval("SELECT count(*) FROM taskfleet.tasks"))
 
 
 def echo(**fields: Any) -> dict[str, Any]:

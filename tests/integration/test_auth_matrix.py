@@ -46,7 +46,6 @@ from pydantic import ValidationError
 
 from services.api.app import create_app
 from services.api.auth import Authenticator
-from shared import db
 from shared.settings import ApiSettings
 
 ADMIN_TOKEN = "matrix-admin-token-4f8a2c91"
@@ -180,15 +179,6 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as http,
     ):
         yield http
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    connection = await db.connect(database_url)
-    try:
-        yield connection
-    finally:
-        await connection.close()
 
 
 async def fingerprint(conn: asyncpg.Connection) -> tuple[Any, ...]:

@@ -127,15 +127,6 @@ class FakeWorker:
 
 
 @pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    connection = await db.connect(database_url)
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-@pytest.fixture
 async def fake_worker(database_url: str) -> AsyncIterator[FakeWorker]:
     # A connection of its own: its heartbeat runs concurrently with the test's queries.
     fake = FakeWorker(await db.connect(database_url))
