@@ -1,11 +1,12 @@
 """Drain benchmark: N queued no-op tasks, W worker processes x C slots, tasks/s to empty.
 
-    python -m bench.drain --tasks 20000 --workers 1 --concurrency 10 [--database-url URL]
+    python -m bench.drain [--system taskfleet] [--tasks 20000] [--workers 1] [--concurrency 10]
 
-Creates a scratch database, migrates it, seeds the tasks in one statement, starts the worker
-processes (`taskfleet worker`) and measures from the first claim to the last completion using
-the database's own timestamps (min(started_at) .. max(finished_at)), so process start-up is not
-counted. Prints one JSON line.
+For one system: a fresh scratch database, its workers started and listening, then N tasks in
+one statement through the system's own batch path (so every worker is woken at once), and the
+rate from the first start to the last finish, read from the system's own timestamps in the
+database (process start-up is not counted). Prints one JSON line. ``python -m bench.run`` runs
+this for every system, interleaved.
 """
 
 from __future__ import annotations
@@ -13,103 +14,94 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import uuid
 
 import asyncpg
 
-from shared import migrations
-from tests.pg import with_database
+from bench import processes
+from bench.scratch import DEFAULT_SERVER, Templates
+from bench.systems import System, Window, all_systems, seed
 
-DEFAULT_SERVER = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-async def _admin(url: str, sql: str) -> None:
-    conn = await asyncpg.connect(with_database(url, "postgres"))
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
+#: How often the harness looks whether the queue is empty (one cheap count per poll).
+POLL = 0.1
 
 
-async def run(args: argparse.Namespace) -> dict[str, object]:
-    name = f"tf_bench_{uuid.uuid4().hex[:8]}"
-    await _admin(args.database_url, f'CREATE DATABASE "{name}"')
-    url = with_database(args.database_url, name)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        await asyncio.to_thread(migrations.upgrade, url)
-        conn = await asyncpg.connect(url)
-        await conn.execute(
-            "INSERT INTO taskfleet.tasks (type, payload) "
-            "SELECT 'demo.echo', jsonb_build_object('value', g) FROM generate_series(1, $1) g",
-            args.tasks,
-        )
-        await conn.execute("ANALYZE taskfleet.tasks")
-        env = {
-            **os.environ,
-            "DATABASE_URL": url,
-            "TASKFLEET_LOG_LEVEL": "WARNING",
-        }
-        for i in range(args.workers):
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable, "-m", "services.cli.main", "worker",
-                        "--concurrency", str(args.concurrency),
-                        "--metrics-port", "0", "--worker-id", f"bench-{i}",
-                    ],
-                    env=env,
-                )
-            )
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            left = await conn.fetchval(
-                "SELECT count(*) FROM taskfleet.tasks WHERE status IN ('pending', 'running')"
-            )
-            if left == 0:
-                break
-            await asyncio.sleep(0.05)
-        row = await conn.fetchrow(
-            "SELECT count(*) FILTER (WHERE status = 'completed') AS completed,"
-            " EXTRACT(EPOCH FROM max(finished_at) - min(started_at)) AS seconds"
-            " FROM taskfleet.tasks"
-        )
-        await conn.close()
-        seconds = float(row["seconds"] or 0)
-        return {
-            "bench": "drain",
-            "system": "taskfleet",
-            "tasks": args.tasks,
-            "workers": args.workers,
-            "concurrency": args.concurrency,
-            "completed": row["completed"],
-            "seconds": round(seconds, 3),
-            "tasks_per_second": round(row["completed"] / seconds, 1) if seconds else None,
-        }
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
+async def wait_until_empty(system: System, conn: asyncpg.Connection, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while await system.queue_left(conn) > 0:
+        if loop.time() > deadline:
+            raise TimeoutError(f"{system.name}: queue not empty after {timeout:g}s")
+        await asyncio.sleep(POLL)
+
+
+async def measure_drain(
+    templates: Templates,
+    system: System,
+    *,
+    tasks: int,
+    workers: int,
+    concurrency: int,
+    timeout: float = 600.0,
+) -> Window:
+    async with templates.clone(system.template_key, system.install) as url:
+        fleet = await system.start_workers(url, workers, concurrency)
+        try:
+            await seed(system, url, tasks)
+            conn = await asyncpg.connect(url)
             try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        await _admin(args.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                await wait_until_empty(system, conn, timeout)
+                # The last finish is written a moment after the row leaves the queue in some
+                # systems (buffered logs): wait until every completion is recorded.
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 30
+                while (window := await system.drain_window(conn)).completed < tasks:
+                    if loop.time() > deadline:
+                        break
+                    await asyncio.sleep(POLL)
+            finally:
+                await conn.close()
+        finally:
+            await processes.stop(fleet)
+    if window.completed != tasks:
+        raise RuntimeError(f"{system.name}: {window.completed} of {tasks} tasks completed")
+    return window
+
+
+async def _main(args: argparse.Namespace) -> dict[str, object]:
+    system = all_systems()[args.system]
+    templates = Templates(args.database_url)
+    try:
+        window = await measure_drain(
+            templates,
+            system,
+            tasks=args.tasks,
+            workers=args.workers,
+            concurrency=args.concurrency,
+            timeout=args.timeout,
+        )
+    finally:
+        await templates.close()
+    return {
+        "bench": "drain",
+        "system": system.name,
+        "tasks": args.tasks,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "completed": window.completed,
+        "seconds": round(window.seconds, 3),
+        "tasks_per_second": round(window.rate, 1),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--system", default="taskfleet", choices=sorted(all_systems()))
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=10)
-    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--database-url", default=DEFAULT_SERVER)
-    print(json.dumps(asyncio.run(run(parser.parse_args()))), flush=True)
+    print(json.dumps(asyncio.run(_main(parser.parse_args()))), flush=True)
 
 
 if __name__ == "__main__":
