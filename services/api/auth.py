@@ -96,11 +96,12 @@ class RoleRequirement:
             )
         return Principal(role=role)
 
-    def __call__(
+    async def __call__(
         self,
         request: Request,
         _credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme),
     ) -> Principal:
+        # async: a plain def dependency would hop to the thread pool on every request.
         return self.authorize(request)
 
 

@@ -123,12 +123,19 @@ class Database:
         async with translated_errors(), self.engine.begin() as conn:
             yield conn
 
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[AsyncConnection]:
+        """A connection on which each statement is its own transaction: one round trip per
+        statement instead of BEGIN, statement, COMMIT. For work that is a single statement."""
+        async with translated_errors(), self.engine.connect() as conn:
+            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
     async def fetch_all(self, query: Query, **params: Any) -> list[Row]:
-        async with self.transaction() as conn:
+        async with self.autocommit() as conn:
             return await fetch_all(conn, query, **params)
 
     async def fetch_one(self, query: Query, **params: Any) -> Row | None:
-        async with self.transaction() as conn:
+        async with self.autocommit() as conn:
             return await fetch_one(conn, query, **params)
 
     async def dispose(self) -> None:

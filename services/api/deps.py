@@ -37,7 +37,7 @@ def get_state(request: Request) -> ApiState:
     return state
 
 
-def get_database(request: Request) -> Database:
+def _database(request: Request) -> Database:
     database = get_state(request).database
     if database is None:
         # Only when the app is served without running its lifespan.
@@ -45,18 +45,26 @@ def get_database(request: Request) -> Database:
     return database
 
 
-def get_engine(request: Request) -> AsyncEngine:
+# The dependencies are ``async def``: FastAPI runs a plain ``def`` dependency in its thread pool,
+# a thread hop per dependency per request for what is an attribute lookup.
+
+
+async def get_database(request: Request) -> Database:
+    return _database(request)
+
+
+async def get_engine(request: Request) -> AsyncEngine:
     """The app's SQLAlchemy async engine (pool sized by ``db_pool_size``)."""
-    return get_database(request).engine
+    return _database(request).engine
 
 
-def get_settings(request: Request) -> ApiSettings:
+async def get_settings(request: Request) -> ApiSettings:
     return get_state(request).settings
 
 
-def get_registry(request: Request) -> TaskRegistry:
+async def get_registry(request: Request) -> TaskRegistry:
     return get_state(request).registry
 
 
-def get_metrics(request: Request) -> ApiMetrics:
+async def get_metrics(request: Request) -> ApiMetrics:
     return get_state(request).metrics

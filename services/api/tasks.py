@@ -268,7 +268,8 @@ async def create_task(
     metrics: Annotated[ApiMetrics, Depends(get_metrics)],
 ) -> dict[str, Any]:
     submission = _check_submission(task, registry, ("body",))
-    async with database.transaction() as conn:
+    # One task is one INSERT statement (its NOTIFY included): atomic without BEGIN/COMMIT.
+    async with database.autocommit() as conn:
         inserted = await _insert(conn, [submission])
     _count_submitted(metrics, inserted)
     row, deduplicated = inserted[0]
