@@ -139,6 +139,8 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._work_hint = asyncio.Event()
         self._control_hint = False
+        #: The last claim's probe saw strict work that only the strict cap held back.
+        self._strict_held_back = False
         self._control_event = asyncio.Event()
         self._hint_generation = 0
         self._last_dry_reset = 0.0
@@ -353,9 +355,15 @@ class Worker:
                     free_slots=free, strict_inflight=self.strict_inflight, control_free=control_free
                 )
             if plan.total == 0:
-                # Nothing claimable anywhere: sleep until a hint, the poll interval, or stop.
+                # Nothing claimable now: sleep until a hint, the poll interval, or stop; and, when
+                # strict work may be held back only by the cap (the cap is full and the strict
+                # lane is not known to be empty), until a slot frees.
                 self._enter_wait()
-                await self._wait_any(self._work_hint, timeout=self.settings.poll_interval)
+                events = [self._work_hint]
+                if plan.probe_strict or self._strict_held_back:
+                    self._slot_freed.clear()
+                    events.append(self._slot_freed)
+                await self._wait_any(*events, timeout=self.settings.poll_interval)
                 self._claim_pending = True
                 self._work_hint.clear()
                 self.planner.reset_dry()
@@ -398,8 +406,12 @@ class Worker:
                 running = self._start(row)
                 claimed[(running.lane, running.group)] += 1
             self.metrics.claim_queries.labels("claimed" if claimed else "empty").inc()
-            if plan.probe_strict and rows and rows[0]["strict_waiting"]:
-                self.metrics.strict_saturation.inc()
+            if plan.probe_strict:
+                self._strict_held_back = bool(rows and rows[0]["strict_waiting"])
+                if self._strict_held_back:
+                    self.metrics.strict_saturation.inc()
+            elif plan.strict:
+                self._strict_held_back = False
             if generation == self._hint_generation:
                 # Only trust a shortfall if no new work was announced meanwhile.
                 self.planner.observe(

@@ -252,3 +252,25 @@ async def test_a_control_task_without_its_wake_up_hint_is_found_by_the_heartbeat
         assert gate.running[""] == 1
         gate.open.set()
         await kit.wait_tasks(conn, busy, {"completed"})
+
+
+async def test_a_strict_backlog_behind_the_cap_is_claimed_as_slots_free_not_per_poll(
+    database_url: str,
+) -> None:
+    # Cap 1 of 2 slots, only strict work queued. Each finished strict task frees the strict
+    # room; the loop must claim the next one then, not at the next poll (30 s here). 20 tasks
+    # one at a time would take 10 minutes at one claim per poll.
+    async with kit.connect(database_url) as conn:
+        await kit.insert_config(conn, "cap-1", notify=False, maxStrictPercentage=50)
+        async with kit.running_worker(
+            database_url,
+            concurrency=2,
+            poll_interval=30.0,
+            heartbeat_interval=10.0,
+            lease_ttl=60.0,
+            runtime_config_poll_interval=30.0,
+        ) as worker:
+            assert worker.planner.strict_cap == 1
+            ids = await kit.submit(conn, "demo.echo", [{"value": i} for i in range(20)], priority=5)
+            rows = await kit.wait_tasks(conn, ids, ["completed"], timeout=20)
+            assert len(rows) == 20
