@@ -165,11 +165,6 @@ task_cancel = _query(
     """,
 )
 
-task_status_many = _query(
-    "task_status_many",
-    "SELECT t.id, t.status FROM taskfleet.tasks t WHERE t.id = ANY(CAST(:ids AS bigint[]))",
-)
-
 task_queue_stats = _query(
     "task_queue_stats",
     f"""
@@ -191,11 +186,6 @@ task_queue_stats = _query(
     ) pending
     GROUP BY lane, grp
     """,
-)
-
-task_status_counts = _query(
-    "task_status_counts",
-    "SELECT t.status, count(*) AS n FROM taskfleet.tasks t GROUP BY t.status",
 )
 
 # --------------------------------------------------------------------------------------------

@@ -136,6 +136,8 @@ class Worker:
         self._lane_counts: Counter[Lane] = Counter({lane: 0 for lane in Lane})
         self._outcomes: list[Outcome] = []
         self._outcome_event = asyncio.Event()
+        #: A batch of outcomes is being written by the finish loop (drain waits for it).
+        self._flushing = False
         self._slot_freed = asyncio.Event()
         self._work_hint = asyncio.Event()
         self._control_hint = False
@@ -587,8 +589,6 @@ class Worker:
     # Writing outcomes
     # ----------------------------------------------------------------------------------------
 
-    _flushing = False
-
     async def _finish_loop(self) -> None:
         retry = _Backoff(base=0.05, cap=2.0)
         while True:
@@ -797,14 +797,6 @@ class Worker:
         for lane, gauge in self._inflight_gauges.items():
             gauge.set(self._lane_counts[lane])
         self.metrics.strict_inflight.set(self._lane_counts[Lane.STRICT])
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
-        """Test helper: poll a condition on this worker's state (no database)."""
-        deadline = self.clock() + timeout
-        while not predicate():
-            if self.clock() > deadline:
-                raise TimeoutError("condition not reached")
-            await asyncio.sleep(0.01)
 
 
 class _Timeout(Exception):

@@ -55,6 +55,7 @@ class ClaimPlanner:
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
     _rotation: SmoothWeightedRoundRobin = field(init=False)
     _configured: frozenset[str] = field(init=False)
+    _configured_sorted: list[str] = field(init=False)
     _dry_control: bool = field(init=False, default=False)
     _dry_strict: bool = field(init=False, default=False)
     _dry_groups: set[GroupKey] = field(init=False, default_factory=set)
@@ -68,6 +69,8 @@ class ClaimPlanner:
         self.config = config
         self._rotation = SmoothWeightedRoundRobin(config.group_weights())
         self._configured = frozenset(config.label_weights)
+        # Sorted once per config, not on every claim (it is a parameter of each claim).
+        self._configured_sorted = sorted(self._configured)
         self.reset_dry()
 
     @property
@@ -76,7 +79,7 @@ class ClaimPlanner:
 
     @property
     def configured_labels(self) -> list[str]:
-        return sorted(self._configured)
+        return list(self._configured_sorted)
 
     def reset_dry(self, lanes: Iterable[str] | None = None) -> None:
         """Something suggests new work: try the named lanes (default: all) and groups again."""
