@@ -10,8 +10,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from alembic import context
-from shared.db import sqlalchemy_url
-from shared.migrations import MIGRATION_LOCK_KEY, SCHEMA, VERSION_TABLE
+from taskfleet.shared.db import sqlalchemy_url
+from taskfleet.shared.migrations import MIGRATION_LOCK_KEY, SCHEMA, VERSION_TABLE
 
 config = context.config
 

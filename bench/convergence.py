@@ -42,7 +42,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from shared import migrations
+from taskfleet.shared import migrations
 from tests.e2e.fleet import Fleet, wait_http
 from tests.pg import with_database
 

@@ -61,7 +61,7 @@ def _free_port() -> int:
 async def start_api(url: str) -> tuple[processes.Process, str]:
     """``taskfleet api`` on a free port, as deployed (one uvicorn process); returns its URL."""
     port = _free_port()
-    argv = [sys.executable, "-m", "services.cli.main", "api", "--host", "127.0.0.1"]
+    argv = [sys.executable, "-m", "taskfleet.cli", "api", "--host", "127.0.0.1"]
     env = {
         "DATABASE_URL": url,
         "TASKFLEET_API_TOKENS": f"submit:{TOKEN}",

@@ -25,8 +25,8 @@ from bench import processes
 from bench.drain import wait_until_empty
 from bench.scratch import Templates
 from bench.systems import Taskfleet, taskfleet_insert, taskfleet_insert_params
-from shared import db, queries
-from shared.policy.runtime_config import normalise_runtime_config
+from taskfleet.shared import db, queries
+from taskfleet.shared.policy.runtime_config import normalise_runtime_config
 
 WEIGHTS = {"a": 5, "b": 1}
 DEFAULT_WEIGHT = 1

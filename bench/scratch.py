@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from shared.db import asyncpg_dsn
+from taskfleet.shared.db import asyncpg_dsn
 
 DEFAULT_SERVER = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

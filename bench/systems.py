@@ -18,7 +18,7 @@ import asyncpg
 
 from bench import processes
 from bench.peer_worker import NOOP
-from shared import db, migrations, queries
+from taskfleet.shared import db, migrations, queries
 
 #: Bound on waiting for workers to say they are ready.
 READY_TIMEOUT = 60.0
@@ -153,7 +153,7 @@ class Taskfleet:
         try:
             for i in range(count):
                 argv = [
-                    sys.executable, "-m", "services.cli.main", "worker",
+                    sys.executable, "-m", "taskfleet.cli", "worker",
                     "--concurrency", str(concurrency),
                     "--metrics-port", "0",
                     "--worker-id", f"bench-{i}",

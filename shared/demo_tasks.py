@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from shared.registry import PermanentError, TaskParams, task
+from taskfleet.shared.registry import PermanentError, TaskParams, task
 
 
 class EchoParams(TaskParams):

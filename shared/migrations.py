@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
 
 SCHEMA = "taskfleet"
@@ -13,15 +12,9 @@ MIGRATION_LOCK_KEY = 7_243_118_001
 
 
 def script_location() -> str:
-    """The migrations folder: the repo's ``alembic/`` when run from a checkout, else the
-    installed ``taskfleet_migrations`` package (the same folder, packaged)."""
-    repo_dir = Path(__file__).resolve().parent.parent / "alembic"
-    if (repo_dir / "env.py").exists():
-        return str(repo_dir)
-    spec = importlib.util.find_spec("taskfleet_migrations")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the taskfleet migrations are not installed")
-    return str(next(iter(spec.submodule_search_locations)))
+    """The migrations folder: ``taskfleet/alembic`` (in a checkout, a link to the repository's
+    ``alembic/``; installed, the packaged copy)."""
+    return str(Path(__file__).parent.parent / "alembic")
 
 
 def _config(database_url: str):  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shared.queries import TASK_READY_CHANNEL
+from taskfleet.shared.queries import TASK_READY_CHANNEL
 
 CONFIG_CHANNEL = "anclax_worker_runtime_config"
 CONFIG_ACK_CHANNEL = "anclax_worker_runtime_config_ack"

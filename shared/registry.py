@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.policy.backoff import BackoffPolicy
-from shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
+from taskfleet.shared.policy.backoff import BackoffPolicy
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
 
 Handler = Callable[[Any], Any] | Callable[[Any], Awaitable[Any]]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -105,7 +105,7 @@ task = default_registry.task
 
 def load_registry(modules: Iterable[str]) -> TaskRegistry:
     """A registry with the demo handlers plus everything ``modules`` register on import."""
-    import shared.demo_tasks  # noqa: F401  (registers the demo handlers)
+    import taskfleet.shared.demo_tasks  # noqa: F401  (registers the demo handlers)
 
     for module in modules:
         importlib.import_module(module)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from shared.db import DatabaseURL
+from taskfleet.shared.db import DatabaseURL
 
 
 def _split_csv(value: Any) -> Any:

@@ -16,7 +16,7 @@ def pg_server_url() -> Iterator[str]:
     if url and os.environ.get("TASKFLEET_TEST_EMBEDDED") != "1":
         yield url
         return
-    from shared.embedded import default_datadir, start_embedded
+    from taskfleet.shared.embedded import default_datadir, start_embedded
 
     try:
         url, server = start_embedded(default_datadir("pg-test"))

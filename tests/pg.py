@@ -13,8 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from shared import migrations
-from shared.db import asyncpg_dsn
+from taskfleet.shared import migrations
+from taskfleet.shared.db import asyncpg_dsn
 
 
 def with_database(url: str, name: str) -> str:

@@ -16,21 +16,21 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from services.api import health, tasks, workers
-from services.api.auth import Authenticator
-from services.api.database import Database
-from services.api.deps import ApiState
-from services.api.errors import install_error_handlers
-from services.api.metrics import install_metrics
-from shared.metrics import ApiMetrics
-from shared.migrations import head_revision
-from shared.registry import load_registry
-from shared.settings import ApiSettings
+from taskfleet.api import health, tasks, workers
+from taskfleet.api.auth import Authenticator
+from taskfleet.api.database import Database
+from taskfleet.api.deps import ApiState
+from taskfleet.api.errors import install_error_handlers
+from taskfleet.api.metrics import install_metrics
+from taskfleet.shared.metrics import ApiMetrics
+from taskfleet.shared.migrations import head_revision
+from taskfleet.shared.registry import load_registry
+from taskfleet.shared.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
 #: Written separately; included when present, so the app works before and after it exists.
-RUNTIME_CONFIG_ROUTER_MODULE = "services.api.runtime_config"
+RUNTIME_CONFIG_ROUTER_MODULE = "taskfleet.api.runtime_config"
 
 
 def create_app(settings: ApiSettings) -> FastAPI:

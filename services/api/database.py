@@ -16,8 +16,8 @@ import sqlalchemy.exc
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from shared.db import sqlalchemy_url
-from shared.queries import Query
+from taskfleet.shared.db import sqlalchemy_url
+from taskfleet.shared.queries import Query
 
 # SQLSTATE classes and codes that mean "the database cannot serve us now", not "we sent
 # something wrong": connection exceptions, operator intervention, insufficient resources.

@@ -12,11 +12,11 @@ from fastapi import HTTPException, Request, status
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.api.auth import Authenticator
-from services.api.database import Database
-from shared.metrics import ApiMetrics
-from shared.registry import TaskRegistry
-from shared.settings import ApiSettings
+from taskfleet.api.auth import Authenticator
+from taskfleet.api.database import Database
+from taskfleet.shared.metrics import ApiMetrics
+from taskfleet.shared.registry import TaskRegistry
+from taskfleet.shared.settings import ApiSettings
 
 
 @dataclass

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic_core import ErrorDetails
 
-from services.api.database import DatabaseUnavailable, unavailable_reason
+from taskfleet.api.database import DatabaseUnavailable, unavailable_reason
 
 log = logging.getLogger(__name__)
 

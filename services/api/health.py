@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from services.api.database import DatabaseUnavailable
-from services.api.deps import get_state
-from shared import queries as q
+from taskfleet.api.database import DatabaseUnavailable
+from taskfleet.api.deps import get_state
+from taskfleet.shared import queries as q
 
 # A readiness probe that hangs is worse than one that says no.
 READY_TIMEOUT = 3.0

@@ -17,12 +17,12 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from prometheus_fastapi_instrumentator import Instrumentator
 
-from services.api.database import Database, DatabaseUnavailable, fetch_all, fetch_one
-from services.api.deps import ApiState
-from shared import queries as q
-from shared.metrics import ApiMetrics
-from shared.policy.lanes import Lane
-from shared.policy.runtime_config import config_from_payload
+from taskfleet.api.database import Database, DatabaseUnavailable, fetch_all, fetch_one
+from taskfleet.api.deps import ApiState
+from taskfleet.shared import queries as q
+from taskfleet.shared.metrics import ApiMetrics
+from taskfleet.shared.policy.lanes import Lane
+from taskfleet.shared.policy.runtime_config import config_from_payload
 
 log = logging.getLogger(__name__)
 

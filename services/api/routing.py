@@ -3,7 +3,7 @@
 FastAPI reads and parses a request body before it solves any dependency. Left at that, an
 anonymous client could make the API buffer a batch-sized body and would learn how its input is
 validated before hearing that it is not allowed in. So this route class checks the route's
-:class:`~services.api.auth.RoleRequirement` dependencies first (they run again as ordinary
+:class:`~taskfleet.api.auth.RoleRequirement` dependencies first (they run again as ordinary
 dependencies afterwards, cheaply), then reads the body itself, refusing it with a JSON 413 as
 soon as the declared ``Content-Length`` or the bytes actually received pass the limit, before
 any parsing.
@@ -20,8 +20,8 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope
 
-from services.api.auth import RoleRequirement
-from services.api.errors import ApiError, error_item
+from taskfleet.api.auth import RoleRequirement
+from taskfleet.api.errors import ApiError, error_item
 
 _FASTAPI_BODY_PARSE_ERROR = "There was an error parsing the body"
 

@@ -25,20 +25,20 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.api.auth import require_role
-from services.api.database import Database, DatabaseUnavailable, Row, fetch_all, fetch_one
-from services.api.deps import get_database, get_settings
-from services.api.errors import ApiError, error_item
-from services.api.routing import read_body
-from shared import db, protocol, queries
-from shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
-from shared.policy.runtime_config import (
+from taskfleet.api.auth import require_role
+from taskfleet.api.database import Database, DatabaseUnavailable, Row, fetch_all, fetch_one
+from taskfleet.api.deps import get_database, get_settings
+from taskfleet.api.errors import ApiError, error_item
+from taskfleet.api.routing import read_body
+from taskfleet.shared import db, protocol, queries
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
+from taskfleet.shared.policy.runtime_config import (
     RuntimeConfig,
     RuntimeConfigError,
     config_from_payload,
     normalise_runtime_config,
 )
-from shared.settings import ApiSettings
+from taskfleet.shared.settings import ApiSettings
 
 log = logging.getLogger("taskfleet.api.runtime_config")
 

@@ -6,8 +6,8 @@ import logging
 
 import uvicorn
 
-from services.api.app import create_app
-from shared.settings import ApiSettings
+from taskfleet.api.app import create_app
+from taskfleet.shared.settings import ApiSettings
 
 # Long /wait requests must not hold a shutdown up for minutes.
 GRACEFUL_SHUTDOWN_SECONDS = 10

@@ -13,12 +13,12 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.api.auth import require_role
-from services.api.database import Database, Row, fetch_all, fetch_one
-from services.api.deps import get_database, get_metrics, get_registry
-from services.api.errors import ApiError, Loc, error_item, pydantic_errors
-from services.api.routing import guarded_route
-from services.api.schemas import (
+from taskfleet.api.auth import require_role
+from taskfleet.api.database import Database, Row, fetch_all, fetch_one
+from taskfleet.api.deps import get_database, get_metrics, get_registry
+from taskfleet.api.errors import ApiError, Loc, error_item, pydantic_errors
+from taskfleet.api.routing import guarded_route
+from taskfleet.api.schemas import (
     MAX_BATCH,
     MAX_BIGINT,
     MAX_LABEL_LENGTH,
@@ -34,12 +34,12 @@ from services.api.schemas import (
     TaskPage,
     WaitedTask,
 )
-from shared import protocol
-from shared import queries as q
-from shared.metrics import ApiMetrics
-from shared.policy.lanes import lane_for_priority
-from shared.registry import TaskRegistry
-from shared.schema import FINISHED_STATUSES, TaskStatus
+from taskfleet.shared import protocol
+from taskfleet.shared import queries as q
+from taskfleet.shared.metrics import ApiMetrics
+from taskfleet.shared.policy.lanes import lane_for_priority
+from taskfleet.shared.registry import TaskRegistry
+from taskfleet.shared.schema import FINISHED_STATUSES, TaskStatus
 
 # A task's body is its payload plus a bounded envelope (type, 32 labels of 128 characters, a
 # unique key, numbers): 16 KiB covers it with room to spare, so the payload limit is what bites.

@@ -6,12 +6,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from services.api.auth import require_role
-from services.api.database import Database
-from services.api.deps import get_database
-from services.api.routing import guarded_route
-from services.api.schemas import ErrorMessage, WorkerList
-from shared import queries as q
+from taskfleet.api.auth import require_role
+from taskfleet.api.database import Database
+from taskfleet.api.deps import get_database
+from taskfleet.api.routing import guarded_route
+from taskfleet.api.schemas import ErrorMessage, WorkerList
+from taskfleet.shared import queries as q
 
 router = APIRouter(route_class=guarded_route(), tags=["workers"])
 

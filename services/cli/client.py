@@ -29,7 +29,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from services.cli.main import app
+from taskfleet.cli.main import app
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: Seconds to open a connection or send a request; reads get their own, longer bound.

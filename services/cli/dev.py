@@ -28,9 +28,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
-from services.cli.main import app
-from services.cli.settings_errors import load_settings
-from shared.settings import ApiSettings, WorkerSettings
+from taskfleet.cli.main import app
+from taskfleet.cli.settings_errors import load_settings
+from taskfleet.shared.settings import ApiSettings, WorkerSettings
 
 #: Extra time, past the workers' drain timeout, that the children get before SIGKILL.
 KILL_GRACE_SECONDS = 5.0
@@ -104,7 +104,7 @@ def taskfleet_command() -> list[str]:
     script = Path(sys.executable).with_name("taskfleet")
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-c", "from services.cli.main import main; main()"]
+    return [sys.executable, "-c", "from taskfleet.cli.main import main; main()"]
 
 
 def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
@@ -323,7 +323,7 @@ def dev(
             url = external_url
             database = f"{_without_password(url)} (DATABASE_URL)"
         else:
-            from shared.embedded import default_datadir, start_embedded
+            from taskfleet.shared.embedded import default_datadir, start_embedded
 
             datadir = default_datadir()
             _say(f"starting the embedded Postgres (data in {datadir})")
@@ -337,7 +337,7 @@ def dev(
             raise typer.Exit(0)
 
         _say("applying migrations")
-        from shared import migrations
+        from taskfleet.shared import migrations
 
         try:
             migrations.upgrade(url)

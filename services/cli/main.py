@@ -19,9 +19,9 @@ def api(
     port: int = typer.Option(None, help="Port (default 8000, TASKFLEET_PORT)."),
 ) -> None:
     """Run the HTTP control plane (uvicorn, one process)."""
-    from services.api.server import serve
-    from services.cli.settings_errors import load_settings
-    from shared.settings import ApiSettings
+    from taskfleet.api.server import serve
+    from taskfleet.cli.settings_errors import load_settings
+    from taskfleet.shared.settings import ApiSettings
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings(ApiSettings, overrides)
@@ -35,9 +35,9 @@ def worker(
     worker_id: str = typer.Option(None, help="Worker id (default hostname-pid-random)."),
 ) -> None:
     """Run one worker process: claims and runs tasks until SIGTERM/SIGINT, then drains."""
-    from services.cli.settings_errors import load_settings
-    from services.worker.main import run_worker_process
-    from shared.settings import WorkerSettings
+    from taskfleet.cli.settings_errors import load_settings
+    from taskfleet.shared.settings import WorkerSettings
+    from taskfleet.worker.main import run_worker_process
 
     overrides = {
         k: v
@@ -55,9 +55,9 @@ def worker(
 @app.command()
 def migrate() -> None:
     """Apply the database migrations (alembic upgrade head, under an advisory lock)."""
-    from services.cli.settings_errors import load_settings
-    from shared import migrations
-    from shared.settings import CommonSettings
+    from taskfleet.cli.settings_errors import load_settings
+    from taskfleet.shared import migrations
+    from taskfleet.shared.settings import CommonSettings
 
     settings = load_settings(CommonSettings, {})
     migrations.upgrade(settings.database_url)
@@ -66,14 +66,6 @@ def migrate() -> None:
 
 def main() -> None:
     # Client and dev commands register themselves on import.
-    from services.cli import client, dev  # noqa: F401
+    from taskfleet.cli import client, dev  # noqa: F401
 
     app()
-
-
-if __name__ == "__main__":
-    # Run as `python -m services.cli.main`: this file is then __main__, a second copy of the
-    # module. The client and dev commands register on the importable copy's app, so run that.
-    from services.cli.main import main as importable_main
-
-    importable_main()

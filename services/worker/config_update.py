@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from shared import db, protocol, queries
-from shared.policy.runtime_config import RuntimeConfigError, normalise_runtime_config
-from shared.registry import PermanentError
+from taskfleet.shared import db, protocol, queries
+from taskfleet.shared.policy.runtime_config import RuntimeConfigError, normalise_runtime_config
+from taskfleet.shared.registry import PermanentError
 
 if TYPE_CHECKING:
-    from services.worker.worker import Worker
+    from taskfleet.worker.worker import Worker
 
 log = logging.getLogger("taskfleet.worker.config")
 

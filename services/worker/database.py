@@ -12,8 +12,8 @@ from typing import Any
 
 import asyncpg
 
-from shared import db
-from shared.queries import Query
+from taskfleet.shared import db
+from taskfleet.shared.queries import Query
 
 log = logging.getLogger(__name__)
 

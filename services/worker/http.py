@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 if TYPE_CHECKING:
-    from services.worker.worker import Worker
+    from taskfleet.worker.worker import Worker
 
 
 def create_worker_http_app(worker: Worker) -> Starlette:

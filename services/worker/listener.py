@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 
-from shared import db, protocol
-from shared.metrics import WorkerMetrics
+from taskfleet.shared import db, protocol
+from taskfleet.shared.metrics import WorkerMetrics
 
 log = logging.getLogger("taskfleet.worker.listener")
 

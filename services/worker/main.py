@@ -7,10 +7,10 @@ import contextlib
 import logging
 import signal
 
-from services.worker.http import bind, create_server
-from services.worker.worker import Worker
-from shared.registry import load_registry
-from shared.settings import WorkerSettings
+from taskfleet.shared.registry import load_registry
+from taskfleet.shared.settings import WorkerSettings
+from taskfleet.worker.http import bind, create_server
+from taskfleet.worker.worker import Worker
 
 log = logging.getLogger("taskfleet.worker")
 

@@ -31,18 +31,18 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
-from services.worker.database import Database
-from services.worker.listener import Listener
-from shared import protocol, queries
-from shared.metrics import WorkerMetrics
-from shared.policy.backoff import BackoffPolicy
-from shared.policy.claim_plan import ClaimPlan, ClaimPlanner
-from shared.policy.groups import GroupKey, group_name
-from shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, Lane
-from shared.policy.runtime_config import RuntimeConfig, config_from_payload
-from shared.registry import PermanentError, TaskRegistry
-from shared.schema import TaskStatus, WorkerStatus
-from shared.settings import WorkerSettings
+from taskfleet.shared import protocol, queries
+from taskfleet.shared.metrics import WorkerMetrics
+from taskfleet.shared.policy.backoff import BackoffPolicy
+from taskfleet.shared.policy.claim_plan import ClaimPlan, ClaimPlanner
+from taskfleet.shared.policy.groups import GroupKey, group_name
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, Lane
+from taskfleet.shared.policy.runtime_config import RuntimeConfig, config_from_payload
+from taskfleet.shared.registry import PermanentError, TaskRegistry
+from taskfleet.shared.schema import TaskStatus, WorkerStatus
+from taskfleet.shared.settings import WorkerSettings
+from taskfleet.worker.database import Database
+from taskfleet.worker.listener import Listener
 
 log = logging.getLogger("taskfleet.worker")
 
@@ -534,7 +534,7 @@ class Worker:
 
     async def _invoke(self, running: Running, payload: Any) -> Any:
         if running.type == RUNTIME_CONFIG_TASK_TYPE:
-            from services.worker.config_update import run_config_update
+            from taskfleet.worker.config_update import run_config_update
 
             return await run_config_update(self, running.id, payload)
         definition = self.registry.get(running.type)

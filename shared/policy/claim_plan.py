@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shared.policy.groups import GroupKey, SmoothWeightedRoundRobin, group_for_labels
-from shared.policy.lanes import Lane, lane_for_priority
-from shared.policy.runtime_config import RuntimeConfig
+from taskfleet.shared.policy.groups import GroupKey, SmoothWeightedRoundRobin, group_for_labels
+from taskfleet.shared.policy.lanes import Lane, lane_for_priority
+from taskfleet.shared.policy.runtime_config import RuntimeConfig
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.policy.groups import GroupKey, group_weights
-from shared.policy.lanes import strict_cap
+from taskfleet.shared.policy.groups import GroupKey, group_weights
+from taskfleet.shared.policy.lanes import strict_cap
 
 KNOWN_FIELDS = frozenset(
     {

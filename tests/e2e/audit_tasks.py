@@ -21,8 +21,8 @@ from typing import Any
 import asyncpg
 from pydantic import Field
 
-from shared.db import asyncpg_dsn
-from shared.registry import TaskParams, task
+from taskfleet.shared.db import asyncpg_dsn
+from taskfleet.shared.registry import TaskParams, task
 
 AUDIT_TABLE_DDL = """
 CREATE TABLE IF NOT EXISTS public.audit_runs (

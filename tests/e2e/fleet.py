@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from shared.db import asyncpg_dsn
+from taskfleet.shared.db import asyncpg_dsn
 
 ADMIN_TOKEN = "admin-e2e-token-0001"
 SUBMIT_TOKEN = "submit-e2e-token-0001"
@@ -47,7 +47,7 @@ def free_port() -> int:
 
 
 def taskfleet_command() -> list[str]:
-    return [sys.executable, "-m", "services.cli.main"]
+    return [sys.executable, "-m", "taskfleet.cli"]
 
 
 @dataclass

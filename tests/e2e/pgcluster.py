@@ -20,7 +20,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from shared import migrations
+from taskfleet.shared import migrations
 from tests.e2e.fleet import free_port
 
 #: The OS user the wheel runs Postgres as when started by root.

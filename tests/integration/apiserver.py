@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
-from services.api.app import create_app
-from shared.settings import ApiSettings
+from taskfleet.api.app import create_app
+from taskfleet.shared.settings import ApiSettings
 
 #: Bound on starting and stopping the server; generous, CI shares two cores.
 PATIENCE = 30.0

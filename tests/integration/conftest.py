@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from shared import db
+from taskfleet.shared import db
 
 
 @pytest.fixture

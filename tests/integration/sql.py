@@ -1,7 +1,7 @@
 """Running the named queries on raw asyncpg connections, as the worker's hot path does.
 
 Tests seed and inspect rows with plain SQL (allowed in tests); everything under test goes through
-``shared.queries``.
+``taskfleet.shared.queries``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 import asyncpg
 
-from shared import db
-from shared import queries as q
-from shared.policy.groups import GroupKey
-from shared.policy.lanes import CONTROL_PRIORITY
+from taskfleet.shared import db
+from taskfleet.shared import queries as q
+from taskfleet.shared.policy.groups import GroupKey
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
 
 LEASE_TTL = 30.0
 

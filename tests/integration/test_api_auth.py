@@ -12,9 +12,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from services.api.app import create_app
-from services.api.auth import Authenticator
-from shared.settings import ApiSettings
+from taskfleet.api.app import create_app
+from taskfleet.api.auth import Authenticator
+from taskfleet.shared.settings import ApiSettings
 from tests.integration.conftest import count_tasks
 
 ADMIN = "admin-token-0123456789"

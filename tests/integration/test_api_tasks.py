@@ -17,10 +17,10 @@ import asyncpg
 import httpx
 import pytest
 
-from services.api.app import create_app
-from shared import db
-from shared import queries as q
-from shared.settings import ApiSettings
+from taskfleet.api.app import create_app
+from taskfleet.shared import db
+from taskfleet.shared import queries as q
+from taskfleet.shared.settings import ApiSettings
 from tests.integration.conftest import count_tasks
 from tests.pg import with_database
 

@@ -11,8 +11,8 @@ import asyncpg
 import httpx
 import pytest
 
-from services.api.app import create_app
-from shared.settings import ApiSettings
+from taskfleet.api.app import create_app
+from taskfleet.shared.settings import ApiSettings
 from tests.integration.conftest import count_tasks
 
 ADMIN = "admin-token-0123456789"

@@ -44,9 +44,9 @@ from fastapi import FastAPI
 from fastapi.routing import iter_route_contexts
 from pydantic import ValidationError
 
-from services.api.app import create_app
-from services.api.auth import Authenticator
-from shared.settings import ApiSettings
+from taskfleet.api.app import create_app
+from taskfleet.api.auth import Authenticator
+from taskfleet.shared.settings import ApiSettings
 
 ADMIN_TOKEN = "matrix-admin-token-4f8a2c91"
 SUBMIT_TOKEN = "matrix-submit-token-b7d03e55"
@@ -389,7 +389,7 @@ async def test_database_failures_leak_no_secret_to_logs_or_bodies(
                 statuses.add(response.status_code)
     assert 503 in statuses
     assert any(
-        r.levelno >= logging.WARNING and r.name.startswith("services") for r in caplog.records
+        r.levelno >= logging.WARNING and r.name.startswith("taskfleet") for r in caplog.records
     )
     assert_no_secret_in_records(caplog.records)
 
@@ -454,7 +454,7 @@ def compared(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
         calls.append(hits[-1] if hits else b"<not a configured token>")
         return real(a, b)
 
-    # services.api.auth calls hmac.compare_digest through the module, at call time.
+    # taskfleet.api.auth calls hmac.compare_digest through the module, at call time.
     monkeypatch.setattr(hmac, "compare_digest", counting)
     return calls
 
@@ -537,7 +537,7 @@ _ENTRY_POINT = Path(sys.executable).with_name("taskfleet")
 TASKFLEET = (
     [str(_ENTRY_POINT)]
     if _ENTRY_POINT.exists()
-    else [sys.executable, "-c", "from services.cli.main import main; main()"]
+    else [sys.executable, "-c", "from taskfleet.cli.main import main; main()"]
 )
 #: Bound on a process starting, answering and stopping; generous, CI shares two cores.
 PATIENCE = 30.0

@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from shared import queries as q
-from shared.policy.lanes import CONTROL_PRIORITY
+from taskfleet.shared import queries as q
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
 from tests.integration.sql import Outcome, connected, outcome_params
 
 ROWS = 1_000_000

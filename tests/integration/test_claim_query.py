@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 import asyncpg
 import pytest
 
-from shared import queries as q
-from shared.policy.groups import GroupKey, group_for_labels
-from shared.policy.lanes import CONTROL_PRIORITY
+from taskfleet.shared import queries as q
+from taskfleet.shared.policy.groups import GroupKey, group_for_labels
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
 from tests.integration.sql import (
     LEASE_TTL,
     NewTask,

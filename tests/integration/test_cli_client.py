@@ -34,8 +34,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from typer.testing import CliRunner
 
-import services.cli.client  # registers the client commands on the app
-from services.cli.main import app
+import taskfleet.cli.client  # registers the client commands on the app
+from taskfleet.cli.main import app
 
 TOKEN = "canned-admin-token-0123"
 REPO = Path(__file__).resolve().parents[2]
@@ -406,7 +406,7 @@ def test_an_unreachable_api_is_one_clear_line_and_exit_1() -> None:
 def _client_process(api: CannedApi, *args: str, **popen: Any) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     env.update(TASKFLEET_URL=api.url, TASKFLEET_TOKEN=TOKEN, COLUMNS="120")
-    code = "from services.cli.main import main; main()"
+    code = "from taskfleet.cli.main import main; main()"
     return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=env, **popen)
 
 
@@ -597,7 +597,7 @@ def test_submit_reports_the_api_validation_error(api: CannedApi) -> None:
 def test_submit_wait_longer_than_one_wait_call_makes_several(
     api: CannedApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(services.cli.client, "WAIT_CHUNK", 0.25)
+    monkeypatch.setattr(taskfleet.cli.client, "WAIT_CHUNK", 0.25)
     result = run(api, "submit", "demo.third", "--wait", "--wait-timeout", "60")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[-1] == 'result: {"calls": 3}'

@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_fastapi_instrumentator import metrics as instrumentator_metrics
 
-from services.api.metrics import QueueGauges
-from shared.metrics import ApiMetrics, WorkerMetrics
+from taskfleet.api.metrics import QueueGauges
+from taskfleet.shared.metrics import ApiMetrics, WorkerMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -93,8 +93,8 @@ def taskfleet_registries() -> list[CollectorRegistry]:
 def exported_metric_names() -> frozenset[str]:
     """The metric (sample) names the API and the workers export.
 
-    Built from the code itself: ``shared.metrics`` (WorkerMetrics, ApiMetrics), the API's extra
-    gauges, and the HTTP metrics of prometheus-fastapi-instrumentator's ``default()`` set, which
+    Built from the code itself: ``taskfleet.shared.metrics`` (WorkerMetrics, ApiMetrics), the
+    API's extra gauges, and the HTTP metrics of prometheus-fastapi-instrumentator's ``default()`` set, which
     the API installs without a namespace. Extend it here if a process starts exporting more.
     """
     http = CollectorRegistry()
@@ -610,23 +610,19 @@ def test_build_context_holds_the_package_and_no_secrets() -> None:
     ]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     setuptools = pyproject["tool"]["setuptools"]
-    package_dirs = setuptools.get("package-dir", {})
 
-    def directory(package: str) -> str:
-        top, _, rest = package.partition(".")
-        base = package_dirs.get(top, top)
-        return "/".join([base, *rest.split(".")]) if rest else base
+    def both_paths(path: Path) -> list[str]:
+        # taskfleet/shared/x.py is a link into shared/: the build needs the link and its target.
+        return sorted({str(path.relative_to(REPO)), str(path.resolve().relative_to(REPO))})
 
     needed = ["pyproject.toml"]
     for package in setuptools["packages"]:
-        files = sorted((REPO / directory(package)).glob("*.py"))
+        directory = REPO.joinpath(*package.split("."))
+        files = sorted(directory.glob("*.py"))
         assert files, f"package {package} has no files"
-        needed += [str(f.relative_to(REPO)) for f in files]
-    needed += [
-        str(f.relative_to(REPO))
-        for pattern in setuptools.get("package-data", {}).get("taskfleet_migrations", [])
-        for f in (REPO / package_dirs["taskfleet_migrations"]).glob(pattern)
-    ]
+        data = setuptools.get("package-data", {}).get(package, [])
+        files += [f for pattern in data for f in directory.glob(pattern)]
+        needed += [p for f in files for p in both_paths(f)]
     left_out = [path for path in needed if dockerignore_excludes(path, patterns)]
     assert not left_out, f".dockerignore drops files `pip install .` needs: {left_out}"
 

@@ -42,12 +42,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from services.api import runtime_config as runtime_config_api
-from services.api.app import create_app
-from services.api.schemas import MAX_LABEL_LENGTH, MAX_LABELS, MAX_PAYLOAD_BYTES
-from services.api.tasks import TASK_BODY_LIMIT
-from shared import db
-from shared.settings import ApiSettings
+from taskfleet.api import runtime_config as runtime_config_api
+from taskfleet.api.app import create_app
+from taskfleet.api.schemas import MAX_LABEL_LENGTH, MAX_LABELS, MAX_PAYLOAD_BYTES
+from taskfleet.api.tasks import TASK_BODY_LIMIT
+from taskfleet.shared import db
+from taskfleet.shared.settings import ApiSettings
 from tests import pg
 from tests.integration.apiserver import RunningApi, running_api
 

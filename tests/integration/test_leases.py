@@ -15,7 +15,7 @@ from dataclasses import replace
 import asyncpg
 import pytest
 
-from shared import queries as q
+from taskfleet.shared import queries as q
 from tests.integration.sql import (
     NewTask,
     claim,

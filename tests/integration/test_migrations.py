@@ -1,5 +1,5 @@
 """The Alembic migrations: from empty, one head, down and up again, concurrent runs, and the
-migrated schema equal to ``shared.schema`` (SPEC §2, STYLE "Tests").
+migrated schema equal to ``taskfleet.shared.schema`` (SPEC §2, STYLE "Tests").
 
 Migrations run their own event loop, so these tests are synchronous and reach the database
 through short ``asyncio.run`` calls.
@@ -25,10 +25,10 @@ from sqlalchemy import CheckConstraint
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from shared import migrations
-from shared import queries as q
-from shared.db import asyncpg_dsn, sqlalchemy_url
-from shared.schema import SCHEMA, TaskStatus, WorkerStatus, metadata
+from taskfleet.shared import migrations
+from taskfleet.shared import queries as q
+from taskfleet.shared.db import asyncpg_dsn, sqlalchemy_url
+from taskfleet.shared.schema import SCHEMA, TaskStatus, WorkerStatus, metadata
 from tests.pg import with_database
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def empty_database_url(pg_server_url: str) -> Iterator[str]:
 
 
 def schema_differences(url: str) -> list[Any]:
-    """What autogenerate would change to make the database match ``shared.schema.metadata``."""
+    """What autogenerate would change to match ``taskfleet.shared.schema.metadata``."""
 
     def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
         if type_ == "schema":
@@ -141,7 +141,7 @@ def test_downgrade_to_base_then_upgrade_again(empty_database_url: str) -> None:
 
 def test_concurrent_upgrades_of_one_empty_database_all_succeed(empty_database_url: str) -> None:
     # Separate processes, as several containers running `taskfleet migrate` at once would be.
-    script = "import sys; from shared.migrations import upgrade; upgrade(sys.argv[1])"
+    script = "import sys; from taskfleet.shared.migrations import upgrade; upgrade(sys.argv[1])"
     runs = [
         subprocess.Popen(
             [sys.executable, "-c", script, empty_database_url],

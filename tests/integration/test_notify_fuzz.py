@@ -26,10 +26,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from services.worker.worker import Worker
-from shared import protocol, queries
-from shared.registry import load_registry
-from shared.settings import WorkerSettings
+from taskfleet.shared import protocol, queries
+from taskfleet.shared.registry import load_registry
+from taskfleet.shared.settings import WorkerSettings
+from taskfleet.worker.worker import Worker
 from tests.integration import workerkit as kit
 
 #: Garbage payloads per channel. Each costs one pg_notify round trip.

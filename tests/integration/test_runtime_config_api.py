@@ -20,11 +20,11 @@ import asyncpg
 import httpx
 import pytest
 
-from services.api import runtime_config as runtime_config_api
-from services.worker.worker import Worker
-from shared import db
-from shared.registry import load_registry
-from shared.settings import ApiSettings, WorkerSettings
+from taskfleet.api import runtime_config as runtime_config_api
+from taskfleet.shared import db
+from taskfleet.shared.registry import load_registry
+from taskfleet.shared.settings import ApiSettings, WorkerSettings
+from taskfleet.worker.worker import Worker
 from tests.integration.apiserver import RunningApi, running_api
 
 ADMIN = {"Authorization": "Bearer admintoken123"}

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from services.worker.worker import Worker
-from shared import protocol, queries
+from taskfleet.shared import protocol, queries
+from taskfleet.worker.worker import Worker
 from tests.integration import workerkit as kit
 from tests.pg import with_database
 

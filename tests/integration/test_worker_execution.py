@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import uuid
 
-from shared import queries
+from taskfleet.shared import queries
 from tests.integration import workerkit as kit
 
 
@@ -29,7 +29,7 @@ async def test_submitted_tasks_complete_with_their_results_stored(database_url: 
 
 
 async def test_sync_handlers_run_in_a_thread_not_on_the_event_loop(database_url: str) -> None:
-    from shared.demo_tasks import CpuParams, cpu
+    from taskfleet.shared.demo_tasks import CpuParams, cpu
 
     key = uuid.uuid4().hex
     async with kit.connect(database_url) as conn, kit.running_worker(database_url):

@@ -9,9 +9,9 @@ import asyncio
 import time
 from typing import Any
 
-from services.worker.worker import Worker
-from shared import queries
-from shared.policy.lanes import CONTROL_PRIORITY
+from taskfleet.shared import queries
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
+from taskfleet.worker.worker import Worker
 from tests.integration import workerkit as kit
 
 #: Observation window while saturated. Only an upper bound on what a broken loop could do in it;

@@ -20,12 +20,12 @@ from typing import Any
 
 import asyncpg
 
-from services.worker.worker import Worker
-from shared import db, protocol, queries
-from shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
-from shared.policy.runtime_config import normalise_runtime_config
-from shared.registry import TaskParams, TaskRegistry, load_registry
-from shared.settings import WorkerSettings
+from taskfleet.shared import db, protocol, queries
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
+from taskfleet.shared.policy.runtime_config import normalise_runtime_config
+from taskfleet.shared.registry import TaskParams, TaskRegistry, load_registry
+from taskfleet.shared.settings import WorkerSettings
+from taskfleet.worker.worker import Worker
 
 #: Overall bound of any one wait (seconds). Outcomes, not timing: it only limits a hang.
 DEADLINE = 20.0

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.policy.backoff import BackoffPolicy
+from taskfleet.shared.policy.backoff import BackoffPolicy
 
 
 def _ceiling(policy: BackoffPolicy, attempt: int) -> float:

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.policy.claim_plan import ClaimPlan, ClaimPlanner
-from shared.policy.groups import GroupKey
-from shared.policy.lanes import CONTROL_PRIORITY, Lane, strict_cap
-from shared.policy.runtime_config import RuntimeConfig, normalise_runtime_config
+from taskfleet.shared.policy.claim_plan import ClaimPlan, ClaimPlanner
+from taskfleet.shared.policy.groups import GroupKey
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, Lane, strict_cap
+from taskfleet.shared.policy.runtime_config import RuntimeConfig, normalise_runtime_config
 
 
 def _config(pct: int = 100, label_weights: dict[str, int] | None = None, default: int = 1):

@@ -14,8 +14,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from services.cli import client
-from services.cli.client import (
+from taskfleet.cli import client
+from taskfleet.cli.client import (
     BadLine,
     ConfigEvent,
     Converged,
@@ -35,7 +35,7 @@ from services.cli.client import (
     progress_line,
     render_detail,
 )
-from services.cli.main import app
+from taskfleet.cli.main import app
 
 
 def line(**event: Any) -> str:

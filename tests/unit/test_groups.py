@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.policy.groups import (
+from taskfleet.shared.policy.groups import (
     DEFAULT_GROUP,
     GroupKey,
     SmoothWeightedRoundRobin,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.policy.lanes import CONTROL_PRIORITY, Lane, lane_for_priority, strict_cap
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, Lane, lane_for_priority, strict_cap
 
 
 def _exact_cap(concurrency: int, pct: int) -> int:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.protocol import (
+from taskfleet.shared.protocol import (
     CHANNELS,
     CONFIG_ACK_CHANNEL,
     CONFIG_CHANNEL,
@@ -22,7 +22,7 @@ from shared.protocol import (
     config_updated_payload,
     parse,
 )
-from shared.queries import TASK_READY_CHANNEL
+from taskfleet.shared.queries import TASK_READY_CHANNEL
 
 
 def test_channel_names_are_the_spec_names() -> None:
@@ -86,7 +86,7 @@ def test_task_ready_garbage_is_malformed(payload: str) -> None:
 
 
 def test_wake_hint_names_only_known_lanes_sorted() -> None:
-    from shared.protocol import wake_hint
+    from taskfleet.shared.protocol import wake_hint
 
     assert wake_hint(["normal", "strict", "normal"]) == "normal,strict"
     assert wake_hint(["bogus"]) == ""

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-import shared.queries as queries_module
-from shared.queries import QUERIES, Query, _query
+import taskfleet.shared.queries as queries_module
+from taskfleet.shared.queries import QUERIES, Query, _query
 
 _LEFTOVER_PARAM = re.compile(r"(?<![:\w]):[A-Za-z_]")
 

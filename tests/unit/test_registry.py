@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from shared.policy.backoff import BackoffPolicy
-from shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
-from shared.registry import TaskParams, TaskRegistry, load_registry
+from taskfleet.shared.policy.backoff import BackoffPolicy
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
+from taskfleet.shared.registry import TaskParams, TaskRegistry, load_registry
 
 
 class Params(TaskParams):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.policy.runtime_config import (
+from taskfleet.shared.policy.runtime_config import (
     RuntimeConfig,
     RuntimeConfigError,
     config_from_payload,
