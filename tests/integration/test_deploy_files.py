@@ -94,8 +94,9 @@ def exported_metric_names() -> frozenset[str]:
     """The metric (sample) names the API and the workers export.
 
     Built from the code itself: ``taskfleet.shared.metrics`` (WorkerMetrics, ApiMetrics), the
-    API's extra gauges, and the HTTP metrics of prometheus-fastapi-instrumentator's ``default()`` set, which
-    the API installs without a namespace. Extend it here if a process starts exporting more.
+    API's extra gauges, and the HTTP metrics of prometheus-fastapi-instrumentator's ``default()``
+    set, which the API installs without a namespace. Extend it here if a process starts
+    exporting more.
     """
     http = CollectorRegistry()
     instrumentator_metrics.default(registry=http)
