@@ -1,4 +1,5 @@
-"""Typed settings, one class per process, read from ``TASKFLEET_*`` variables (SPEC §11)."""
+"""Typed settings, one class per process, read from ``TASKFLEET_*`` variables
+(docs/reference.md#environment)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ RUNTIME_CONFIG_ROUTER_MODULE = "taskfleet.api.runtime_config"
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
-    """The FastAPI app of the control plane (SPEC §3, §7, §9)."""
+    """The FastAPI app of the control plane (docs/reference.md#http-api)."""
     if settings.auth_disabled:
         log.warning(
             "AUTHENTICATION IS DISABLED (TASKFLEET_AUTH_DISABLED=true): anyone who can reach "

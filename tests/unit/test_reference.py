@@ -324,11 +324,11 @@ def test_references_to_documents_resolve() -> None:
 OUTSIDE_REFERENCE = re.compile(
     "|".join(
         [
-            r"\b" + "SP" + r"EC\b",  # "SPEC §4", "SPEC.md", "the SPEC formula"
+            r"\b" + "SP" + r"EC\b",  # its name: a section number, its file, "the ... formula"
             r"\.\./" + "shared",  # a relative path out of the checkout
             r"shared/" + "design",  # the design folder itself
             "ST" + r"YLE\.md",
-            "ST" + r'YLE "',  # STYLE "Tests"
+            "ST" + r'YLE "',  # the style guide, quoted by section
         ]
     )
 )
