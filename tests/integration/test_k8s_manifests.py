@@ -53,7 +53,9 @@ def env_file(path: Path) -> dict[str, str]:
     return pairs
 
 
-def render(kustomization_dir: Path = K8S, secret_env: str = "secret.env.example") -> list[dict]:
+def render(
+    kustomization_dir: Path = K8S, secret_env: str = "secret.env.example"
+) -> list[dict[str, Any]]:
     """The objects ``kustomize build`` makes of deploy/k8s, with the example secrets.
 
     Only the features this kustomization uses: resources, namespace, labels (no selectors),
@@ -129,7 +131,8 @@ def container_port(container: dict[str, Any], port: int | str) -> int:
 
 
 def config_value(objects: list[dict[str, Any]], variable: str) -> str | None:
-    return one(objects, "ConfigMap", "taskfleet-config")["data"].get(variable)
+    value = one(objects, "ConfigMap", "taskfleet-config")["data"].get(variable)
+    return None if value is None else str(value)
 
 
 # --- schema validation ---------------------------------------------------------------------------
@@ -455,7 +458,7 @@ def test_kustomize_builds_what_the_tests_render(
 
 
 def one_image(objects: list[dict[str, Any]]) -> str:
-    (image,) = {c["image"] for o in objects for c in containers(o)}
+    (image,) = {str(c["image"]) for o in objects for c in containers(o)}
     return image
 
 
