@@ -51,8 +51,8 @@ CONFIG_CHANNEL = "anclax_worker_runtime_config"
 ACK_CHANNEL = "anclax_worker_runtime_config_ack"
 UPDATE_TASK_TYPE = "updateWorkerRuntimeConfig"
 
-#: The documented defaults (SPEC §11), so the figures are those of an untuned deployment; the
-#: e2e harness would otherwise apply its short test timers.
+#: The documented defaults (docs/reference.md#environment), so the figures are those of an untuned
+#: deployment; the e2e harness would otherwise apply its short test timers.
 DEFAULT_TIMERS = {
     "TASKFLEET_POLL_INTERVAL": "2",
     "TASKFLEET_HEARTBEAT_INTERVAL": "3",

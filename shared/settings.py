@@ -1,4 +1,5 @@
-"""Typed settings, one class per process, read from ``TASKFLEET_*`` variables (SPEC §11)."""
+"""Typed settings, one class per process, read from ``TASKFLEET_*`` variables
+(docs/reference.md#environment)."""
 
 from __future__ import annotations
 
@@ -103,15 +104,20 @@ class WorkerSettings(CommonSettings):
 class ApiSettings(CommonSettings):
     """The HTTP control plane."""
 
-    host: str = Field(default="0.0.0.0")
-    port: int = Field(default=8000, ge=0, le=65535)
+    host: str = Field(default="0.0.0.0", description="Bind address of the API.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port of the API (default 8000).")
     api_tokens: SecretStr | None = Field(
         default=None, description="Comma-separated role:token pairs, roles submit and admin."
     )
     auth_disabled: bool = Field(
         default=False, description="Run with no authentication at all. Explicit opt-in only."
     )
-    db_pool_size: int = Field(default=10, ge=1, le=200)
+    db_pool_size: int = Field(
+        default=10,
+        ge=1,
+        le=200,
+        description="Most database connections one API process holds (default 10).",
+    )
 
     @model_validator(mode="after")
     def _auth_is_configured(self) -> ApiSettings:

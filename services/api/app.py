@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from taskfleet import __version__
 from taskfleet.api import health, tasks, workers
 from taskfleet.api.auth import Authenticator
 from taskfleet.api.database import Database
@@ -34,7 +35,7 @@ RUNTIME_CONFIG_ROUTER_MODULE = "taskfleet.api.runtime_config"
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
-    """The FastAPI app of the control plane (SPEC §3, §7, §9)."""
+    """The FastAPI app of the control plane (docs/reference.md#http-api)."""
     if settings.auth_disabled:
         log.warning(
             "AUTHENTICATION IS DISABLED (TASKFLEET_AUTH_DISABLED=true): anyone who can reach "
@@ -62,7 +63,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app = FastAPI(
         title="taskfleet",
         summary="Postgres-backed tasks: strict priority lane, weighted fair normal lane.",
-        version="0.1.0",
+        version=__version__,
         lifespan=lifespan,
     )
     app.state.api = state

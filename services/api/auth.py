@@ -1,4 +1,4 @@
-"""Bearer-token authentication with two roles (SPEC §9).
+"""Bearer-token authentication with two roles (docs/reference.md#authentication).
 
 ``submit`` creates and reads tasks; ``admin`` can do everything ``submit`` can, plus cancel, the
 fleet view and runtime config. Routes declare what they need with

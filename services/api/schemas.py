@@ -1,4 +1,5 @@
-"""Request and response models of the task API (SPEC §3). Field names are the wire names.
+"""Request and response models of the task API (docs/reference.md#tasks). Field names are
+the wire names.
 
 Request models reject unknown fields, and their numbers are strict: ``"priority": "5"`` or
 ``"priority": true`` is a 422, not a silent coercion. Rules that need the task registry (the type

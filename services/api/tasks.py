@@ -1,4 +1,4 @@
-"""Task routes (SPEC §3): submit one or a batch, read, list, cancel, wait."""
+"""Task routes (docs/reference.md#tasks): submit one or a batch, read, list, cancel, wait."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Client commands of ``taskfleet`` (SPEC §3, §6, §7, §11): submit, config set/show, workers.
+"""Client commands of ``taskfleet`` (docs/reference.md#cli): submit, config set/show, workers.
 
 They talk to the HTTP API only, at ``TASKFLEET_URL`` with the bearer token ``TASKFLEET_TOKEN``
 (or ``--url``/``--token``). The token goes into the ``Authorization`` header and nowhere else.
@@ -65,7 +65,8 @@ TokenOption = Annotated[
 
 
 # --------------------------------------------------------------------------------------------
-# The PUT /runtime-config event stream (SPEC §7): parsed into a tagged union, folded purely.
+# The PUT /runtime-config event stream (docs/reference.md#config-events): parsed into a tagged
+# union, folded purely.
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``taskfleet dev``: the whole system on one machine, no Docker (SPEC §10, §11).
+"""``taskfleet dev``: the whole system on one machine, no Docker (docs/reference.md#cli).
 
 An embedded Postgres when ``DATABASE_URL`` is unset, the migrations, then the API and N workers as
 child processes. Ctrl-C or SIGTERM stops the children (SIGTERM, SIGKILL after the workers' drain

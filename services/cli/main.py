@@ -1,4 +1,4 @@
-"""The ``taskfleet`` command (SPEC §11)."""
+"""The ``taskfleet`` command (docs/reference.md#cli)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Retry backoff (SPEC §5): exponential with jitter, capped."""
+"""Retry backoff (docs/reference.md#worker-runtime): exponential with jitter, capped."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Claim planning: how many tasks one claim round trip asks of each lane and group (SPEC §4-5).
+"""Claim planning: how many tasks one claim round trip asks of each lane and group
+(docs/reference.md#scheduling).
 
 The worker's single scheduler loop asks the planner for a plan, runs the one claim statement with
 it, and reports back what it got. A lane or group that returned fewer tasks than asked is *dry*:

@@ -1,4 +1,4 @@
-"""Normal-lane groups and the smooth weighted round robin over them (SPEC §4)."""
+"""Normal-lane groups and the smooth weighted round robin over them (docs/reference.md#rotation)."""
 
 from __future__ import annotations
 

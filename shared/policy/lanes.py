@@ -1,4 +1,4 @@
-"""Lanes and the strict cap (SPEC §4)."""
+"""Lanes and the strict cap (docs/reference.md#lanes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Runtime config: validation and normalisation of the wire parameters (SPEC §6).
+"""Runtime config: validation and normalisation of the wire parameters
+(docs/reference.md#parameters).
 
 The API validates a request before enqueueing it, the update task validates it again, and every
 worker applies the normalised form. All three call :func:`normalise_runtime_config`.

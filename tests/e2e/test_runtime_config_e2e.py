@@ -1,4 +1,4 @@
-"""The runtime-config protocol (SPEC §4, §6, §7, §8) with real processes.
+"""The runtime-config protocol (docs/reference.md#runtime-config) with real processes.
 
 ``taskfleet api`` under uvicorn and several ``taskfleet worker`` processes against one fresh
 database; config changes go through ``PUT /runtime-config`` (streamed NDJSON, read line by line
@@ -47,7 +47,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def expected_strict_cap(concurrency: int, percent: int) -> int:
-    """SPEC §4, written out again here so the test checks the product's formula, not itself."""
+    """docs/reference.md#strict-cap, written out again here so the test checks the product's
+    formula, not itself."""
     if percent <= 0:
         return 0
     if percent >= 100:

@@ -1,5 +1,5 @@
-"""Bearer tokens and roles (SPEC §9): 401 without a valid token, 403 for the wrong role, nothing
-written on either, probes open, tokens never logged."""
+"""Bearer tokens and roles (docs/reference.md#authentication): 401 without a valid token, 403 for
+the wrong role, nothing written on either, probes open, tokens never logged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The task API against a real, freshly migrated Postgres (SPEC §3).
+"""The task API against a real, freshly migrated Postgres (docs/reference.md#tasks).
 
 The app runs in-process with its lifespan (so its own engine and pool), driven over httpx's ASGI
 transport. Rows are inspected with plain SQL on a separate connection.

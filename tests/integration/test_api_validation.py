@@ -1,5 +1,6 @@
 """Bad input, every time: a 4xx with a JSON body naming the field and the rule, and nothing
-written (SPEC §3). Every case below checks the table is still empty afterwards."""
+written (docs/reference.md#http-api). Every case below checks the table is still empty
+afterwards."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Who may call what, for every route the app has (SPEC §9).
+"""Who may call what, for every route the app has (docs/reference.md#authentication).
 
 The matrix is built from ``app.routes`` itself, so a route added later cannot slip past it: a
 route with no sample request here fails ``test_the_matrix_covers_every_route`` until someone
@@ -7,10 +7,10 @@ without a token or with a wrong one, 403 for the submit role on admin-only route
 the right role; nothing is written by a refused request, and no secret (a token, presented or
 configured, or the database password) appears in a log record or a response.
 
-Open routes: ``/healthz``, ``/readyz``, ``/metrics`` (SPEC §9), and the API documentation
-(``/openapi.json``, ``/docs``, ``/docs/oauth2-redirect``, ``/redoc``). The documentation is
-left open on purpose: it describes the API's shape, which any client may know; it must carry no
-secret, and that is tested.
+Open routes: ``/healthz``, ``/readyz``, ``/metrics`` (docs/reference.md#authentication), and the API
+documentation (``/openapi.json``, ``/docs``, ``/docs/oauth2-redirect``, ``/redoc``). The
+documentation is left open on purpose: it describes the API's shape, which any client may know; it
+must carry no secret, and that is tested.
 
 Also here: every configured token is compared, in constant time, on every request (no early
 exit); the API refuses to start without tokens unless auth is explicitly disabled, in-process and
@@ -75,10 +75,12 @@ BAD_CREDENTIALS: dict[str, Headers] = {
     "non-ASCII token": {b"Authorization": "Bearer t\u00f6k\u00e9n-\u00e9\u00e9\u00e9".encode()},
 }
 
-#: No token needed. SPEC §9 names the first three; the documentation is a decision (see top).
+#: No token needed. docs/reference.md#authentication names them; the documentation is a decision
+#: (see top).
 PROBES = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
 DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
-#: Admin only (SPEC §9: runtime config, cancel and workers); every other route needs submit.
+#: Admin only (docs/reference.md#authentication: runtime config, cancel and workers); every other
+#: route needs submit.
 ADMIN_ONLY = {("POST", "/tasks/{id}/cancel"), ("GET", "/workers")}
 
 

@@ -1,5 +1,5 @@
 """The claim statement stays an index scan over pending rows with a million-row backlog
-(SPEC §2 "Indexes"): ``EXPLAIN`` of the real statement, prepared with real parameters."""
+(docs/reference.md#claiming): ``EXPLAIN`` of the real statement, prepared with real parameters."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The claim statement on a real Postgres: contention, lane order, strict cap, groups, run_after
-(SPEC §4 "Claiming", "Lanes", "Groups in the normal lane")."""
+(docs/reference.md#scheduling: claiming, lanes, groups)."""
 
 from __future__ import annotations
 

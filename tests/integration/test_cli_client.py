@@ -2,9 +2,9 @@
 
 The server is a small Starlette app under uvicorn in a thread, serving canned documents and
 streaming canned NDJSON events with small gaps: it stands in for the API so these tests prove the
-client's side of the wire contract (SPEC §3, §7): it really reads the stream line by line, maps
-each outcome to its exit code, sends the token and the Accept header, and reports API and
-connection errors without a traceback.
+client's side of the wire contract (docs/reference.md#config-events): it really reads the stream
+line by line, maps each outcome to its exit code, sends the token and the Accept header, and reports
+API and connection errors without a traceback.
 """
 
 from __future__ import annotations

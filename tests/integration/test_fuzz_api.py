@@ -1,4 +1,5 @@
-"""Hostile input against the real API: nothing lost, nothing written, never a 500 (SPEC §3, §9).
+"""Hostile input against the real API: nothing lost, nothing written, never a 500
+(docs/reference.md#http-api).
 
 Three layers, all against ``create_app`` under a real uvicorn (``apiserver.running_api``) and a
 real Postgres database of this module's own:
@@ -10,8 +11,8 @@ real Postgres database of this module's own:
   our own: what a schema-driven generator never sends (NaN and Infinity literals, duplicate keys,
   bytes that are not UTF-8, an empty body, a form or text content type). Never a 5xx; every 4xx
   names a field; nothing written on any 4xx.
-- **The limits of SPEC §3**, each at its boundary, on ``/tasks`` and on an item of
-  ``/tasks/batch`` alike.
+- **The limits of docs/reference.md#http-api**, each at its boundary, on ``/tasks`` and on an item
+  of ``/tasks/batch`` alike.
 
 "Nothing written" is checked on the rows themselves: a fingerprint of every task row (its whole
 text, hashed), the config versions and the worker rows, read before and after each request. No
@@ -114,7 +115,8 @@ CHECKS = [
     negative_data_rejection,
 ]
 
-#: Operations whose every 4xx must name a field (SPEC §3: "a JSON body that names the field").
+#: Operations whose every 4xx must name a field (docs/reference.md#http-api: "a JSON body that names
+#: the field").
 SUBMISSIONS = {("POST", "/tasks"), ("POST", "/tasks/batch")}
 
 
@@ -462,7 +464,8 @@ def test_an_overlong_integer_literal_is_refused_naming_the_right_rule(
 
 
 # --------------------------------------------------------------------------------------------
-# 3. SPEC §3 limits, at their boundaries, on /tasks and on an item of /tasks/batch alike
+# 3. docs/reference.md#http-api limits, at their boundaries, on /tasks and on an item of
+# /tasks/batch alike
 
 OK = 201
 

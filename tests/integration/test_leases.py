@@ -1,4 +1,5 @@
-"""Leases, the rescue sweep, guarded transitions and the one-statement heartbeat (SPEC §2, §5).
+"""Leases, the rescue sweep, guarded transitions and the one-statement heartbeat
+(docs/reference.md#task-states, #worker-runtime).
 
 Time is the database's: leases are expired by moving ``lease_expires_at`` into the past, never by
 sleeping.

@@ -1,5 +1,6 @@
 """The Alembic migrations: from empty, one head, down and up again, concurrent runs, and the
-migrated schema equal to ``taskfleet.shared.schema`` (SPEC §2, STYLE "Tests").
+migrated schema equal to ``taskfleet.shared.schema`` (docs/reference.md#task-states,
+CONTRIBUTING.md#add-a-migration).
 
 Migrations run their own event loop, so these tests are synchronous and reach the database
 through short ``asyncio.run`` calls.

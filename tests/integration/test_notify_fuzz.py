@@ -1,5 +1,5 @@
-"""Garbage on every NOTIFY channel a worker hears (SPEC §9: "a malformed one is logged and
-ignored, never fatal").
+"""Garbage on every NOTIFY channel a worker hears (docs/reference.md#notify-channels: "a malformed
+one is logged and ignored, never fatal").
 
 A real worker runs in the test's event loop against a real Postgres; hypothesis draws the
 garbage (deterministically): text up to ~7,900 bytes, JSON of the wrong shape, versions that are
@@ -122,7 +122,8 @@ not_json = st.one_of(
 
 
 def malformed_messages(op: str, version_key: str, extra: dict[str, Any]) -> st.SearchStrategy[str]:
-    """Payloads of a ``{"op", "params"}`` channel that must never parse (SPEC §6 shapes)."""
+    """Payloads of a ``{"op", "params"}`` channel that must never parse
+    (docs/reference.md#notify-channels shapes)."""
     wrong_top = _json.filter(
         lambda v: not isinstance(v, dict) or not isinstance(v.get("params"), dict)
     ).map(_dumps)
@@ -299,7 +300,8 @@ async def test_garbage_on_the_task_ready_channel_is_counted_as_malformed_and_har
 
     assert worker.listener.reconnects == 0
     # A wake-up is empty or names lanes; anything else is not the protocol. Waking up anyway
-    # is a safe fallback, but SPEC §9 wants a malformed payload seen: counted as malformed.
+    # is a safe fallback, but docs/reference.md#notify-channels wants a malformed payload seen:
+    # counted as malformed.
     malformed = kit.notifications(worker, TASK_READY, "malformed")
     assert malformed == len(garbage), (
         f"{len(garbage)} wake-ups naming no lane were taken as well formed ({malformed} "

@@ -1,6 +1,6 @@
-"""Every worker reads the runtime config (SPEC §6 "Reader"): applied on NOTIFY, recorded with
-GREATEST and acknowledged; found by the tick when notifications are off or lost; bad payloads
-dropped; the LISTEN connection reconnects and catches up.
+"""Every worker reads the runtime config (docs/reference.md#protocol, "Reader"): applied on NOTIFY,
+recorded with GREATEST and acknowledged; found by the tick when notifications are off or lost; bad
+payloads dropped; the LISTEN connection reconnects and catches up.
 """
 
 from __future__ import annotations

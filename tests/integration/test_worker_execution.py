@@ -1,4 +1,5 @@
-"""The worker runs tasks: results stored, retries with backoff, timeouts, cancellation (SPEC §5).
+"""The worker runs tasks: results stored, retries with backoff, timeouts, cancellation
+(docs/reference.md#worker-runtime).
 
 A real ``Worker`` in the test's event loop against a real Postgres; every assertion is on task
 rows (the truth) or on what the handlers saw.

@@ -1,5 +1,6 @@
-"""The worker's life cycle against a real Postgres (SPEC §5): graceful drain, database blips,
-and leases (a dead worker's tasks run again; so must the tasks a worker holds without knowing).
+"""The worker's life cycle against a real Postgres (docs/reference.md#worker-runtime): graceful
+drain, database blips, and leases (a dead worker's tasks run again; so must the tasks a worker holds
+without knowing).
 """
 
 from __future__ import annotations
@@ -89,9 +90,9 @@ async def _worker_status(conn: asyncpg.Connection, status: str) -> bool:
 async def test_tasks_survive_the_database_dropping_every_worker_connection(
     database_url: str,
 ) -> None:
-    """SPEC §5: "the process does not die on one database blip". Every connection the worker
-    has is terminated by the server, several times, while tasks flow: the worker keeps running
-    and every task ends completed."""
+    """docs/reference.md#worker-runtime: "the process does not die on one database blip". Every
+    connection the worker has is terminated by the server, several times, while tasks flow: the
+    worker keeps running and every task ends completed."""
     key = uuid.uuid4().hex
     batches, per_batch = 5, 30
     ids: list[int] = []
@@ -151,8 +152,8 @@ async def test_tasks_left_running_under_this_workers_own_id_are_rescued(
     """A worker started with a fixed id (``--worker-id``) after a crash of its previous
     incarnation: the tasks that incarnation held are running under the same worker id, with
     expired leases, and nobody runs them. They must run again within lease_ttl + sweep interval
-    like any dead worker's tasks (SPEC §5 "Leases and rescue"), not be kept leased forever by the
-    new incarnation's heartbeat while it never runs them."""
+    like any dead worker's tasks (docs/reference.md#worker-runtime, "Leases and rescue"), not be
+    kept leased forever by the new incarnation's heartbeat while it never runs them."""
     async with kit.connect(database_url) as conn:
         (task_id,) = await kit.submit(conn, "demo.echo", [{"value": "orphan"}])
         await _orphan(conn, task_id, "w1", attempts=1)

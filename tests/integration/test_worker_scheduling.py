@@ -1,6 +1,6 @@
-"""The worker's one scheduler loop against a real Postgres (SPEC §4, §5): wake-up by NOTIFY, no
-claims while saturated, several tasks per claim, the strict cap, weighted fairness between
-groups, and the control lane that neither the cap nor a full worker can lock out.
+"""The worker's one scheduler loop against a real Postgres (docs/reference.md#worker-runtime):
+wake-up by NOTIFY, no claims while saturated, several tasks per claim, the strict cap, weighted
+fairness between groups, and the control lane that neither the cap nor a full worker can lock out.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ async def test_a_saturated_worker_told_of_new_work_waits_for_a_slot_without_spin
     database_url: str,
 ) -> None:
     """With every slot busy, a wake-up notification must not make the scheduler loop go round
-    and round until a slot frees (SPEC §5: wait for a free slot). A correct loop wakes once or
-    twice; however long the window, the count stays small."""
+    and round until a slot frees (docs/reference.md#worker-runtime: wait for a free slot). A correct
+    loop wakes once or twice; however long the window, the count stays small."""
     gate = kit.gate("spin")
     clock = _LoopClock()
     worker = Worker(

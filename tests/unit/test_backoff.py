@@ -1,4 +1,5 @@
-"""Retry backoff (SPEC §5): exponential, capped, equal jitter, deterministic with injected rand."""
+"""Retry backoff (docs/reference.md#worker-runtime): exponential, capped, equal jitter,
+deterministic with injected rand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Claim planning: lane order, strict cap, control slot, dry lanes and group shares (SPEC §4-5)."""
+"""Claim planning: lane order, strict cap, control slot, dry lanes and group shares
+(docs/reference.md#scheduling)."""
 
 from __future__ import annotations
 

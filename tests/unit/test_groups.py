@@ -1,4 +1,4 @@
-"""Normal-lane groups and the smooth weighted rotation (SPEC §4)."""
+"""Normal-lane groups and the smooth weighted rotation (docs/reference.md#rotation)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Lanes and the strict cap (SPEC §4)."""
+"""Lanes and the strict cap (docs/reference.md#strict-cap)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, Lane, lane_for_prior
 
 
 def _exact_cap(concurrency: int, pct: int) -> int:
-    """The SPEC formula, computed with exact fractions (no float, no floor-division trick)."""
+    """The formula of docs/reference.md#strict-cap, computed with exact fractions (no float, no
+    floor-division trick)."""
     if pct <= 0:
         return 0
     if pct >= 100:

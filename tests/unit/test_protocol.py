@@ -1,4 +1,5 @@
-"""NOTIFY payloads: parsed into a tagged union, never raising (SPEC §5, §6)."""
+"""NOTIFY payloads: parsed into a tagged union, never raising
+(docs/reference.md#notify-channels)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runtime-config validation and normalisation: every rule of SPEC §6."""
+"""Runtime-config validation and normalisation: every rule of docs/reference.md#parameters."""
 
 from __future__ import annotations
 

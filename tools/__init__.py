@@ -1,0 +1,1 @@
+"""Development tools of the repository (not installed with the package)."""
