@@ -1,4 +1,5 @@
-"""Task routes (SPEC §3): submit one or a batch, read, list, cancel, wait."""
+"""Task routes (docs/reference.md#http-api): submit one or a batch, read, list, cancel, retry,
+wait."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Annotated, Any
 
+import sqlalchemy.exc
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -33,7 +35,7 @@ from taskfleet.api.schemas import (
 )
 from taskfleet.shared import queries as q
 from taskfleet.shared.metrics import ApiMetrics
-from taskfleet.shared.policy.lanes import lane_for_priority
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, lane_for_priority
 from taskfleet.shared.registry import TaskRegistry
 from taskfleet.shared.schema import FINISHED_STATUSES, TaskStatus
 from taskfleet.shared.submission import (
@@ -229,6 +231,41 @@ async def cancel_task(
             if row is None:
                 raise _not_found(id)
             raise HTTPException(status.HTTP_409_CONFLICT, f"task {id} is already {row['status']}")
+    return task_out(row)
+
+
+@router.post(
+    "/tasks/{id}/retry",
+    response_model=TaskOut,
+    dependencies=[ADMIN],
+    responses={404: {"model": ErrorMessage}, 409: {"model": ErrorMessage}, **_ERRORS},
+    summary="Run a failed or cancelled task again, from attempt 0",
+)
+async def retry_task(
+    id: TaskId, database: Annotated[Database, Depends(get_database)]
+) -> dict[str, Any]:
+    """A ``failed`` or ``cancelled`` task goes back to ``pending`` with its attempts at 0, due
+    now; its ``last_error`` stays until the next attempt ends. Any other status is a 409."""
+    try:
+        async with database.transaction() as conn:
+            row = await fetch_one(conn, q.task_retry, id=id)
+            if row is None:
+                row = await fetch_one(conn, q.task_get, id=id)
+                if row is None:
+                    raise _not_found(id)
+                if row["type"] == RUNTIME_CONFIG_TASK_TYPE:
+                    reason = "a runtime-config task is not retried: PUT /runtime-config again"
+                else:
+                    reason = (
+                        f"only a failed or cancelled task can be retried; it is {row['status']}"
+                    )
+                raise HTTPException(status.HTTP_409_CONFLICT, f"task {id}: {reason}")
+    except sqlalchemy.exc.IntegrityError:
+        # Its unique_key is held by another unfinished task: two would break the key's promise.
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"task {id}: its unique_key is held by another pending or running task",
+        ) from None
     return task_out(row)
 
 
