@@ -1,4 +1,4 @@
-"""Request and response models of the task API (SPEC §3). Field names are the wire names.
+"""Request and response models of the task API (docs/reference.md#http-api): wire names.
 
 Request models reject unknown fields, and their numbers are strict: ``"priority": "5"`` or
 ``"priority": true`` is a 422, not a silent coercion. The task envelope (:class:`TaskIn`) and
