@@ -165,6 +165,30 @@ task_cancel = _query(
     """,
 )
 
+task_retry = _query(
+    "task_retry",
+    f"""
+    WITH
+    -- A failed or cancelled task back to pending, as if new: attempts 0, due now. last_error is
+    -- kept until the next attempt writes its own outcome, so the reason stays readable. The
+    -- runtime-config task is never retried: a new PUT /runtime-config is the way to re-apply.
+    retried AS (
+        UPDATE taskfleet.tasks t
+        SET status = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
+            started_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL,
+            cancel_requested = false
+        WHERE t.id = CAST(:id AS bigint) AND t.status IN ('failed', 'cancelled')
+          AND t.type <> '{RUNTIME_CONFIG_TASK_TYPE}'
+        RETURNING t.*
+    )
+    -- The same wake-up as a submission, naming the task's lane; delivered at commit.
+    SELECT {_TASK_COLUMNS},
+           pg_notify('{TASK_READY_CHANNEL}',
+                     CASE WHEN t.priority > 0 THEN 'strict' ELSE 'normal' END) AS woke
+    FROM retried t
+    """,
+)
+
 task_queue_stats = _query(
     "task_queue_stats",
     f"""

@@ -27,28 +27,20 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from taskfleet.shared.statuses import FINISHED_STATUSES, TaskStatus, WorkerStatus
+
+__all__ = [
+    "FINISHED_STATUSES",
+    "SCHEMA",
+    "TaskStatus",
+    "WorkerStatus",
+    "metadata",
+    "tasks",
+    "worker_runtime_configs",
+    "workers",
+]
+
 SCHEMA = "taskfleet"
-
-
-class TaskStatus(enum.StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in FINISHED_STATUSES
-
-
-FINISHED_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
-
-
-class WorkerStatus(enum.StrEnum):
-    ONLINE = "online"
-    DRAINING = "draining"
-    OFFLINE = "offline"
 
 
 def _in(column: str, values: type[enum.StrEnum]) -> str:

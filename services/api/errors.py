@@ -8,43 +8,20 @@ submitted value is never echoed back: it may be large, or not even encodable.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
 
 import sqlalchemy.exc
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic_core import ErrorDetails
 
 from taskfleet.api.database import DatabaseUnavailable, unavailable_reason
+from taskfleet.shared.submission import Loc, Rejected, error_item, pydantic_errors
 
 log = logging.getLogger(__name__)
 
-Loc = tuple[str | int, ...]
-
-
-class ApiError(Exception):
-    """A refusal with a status code and a list of ``{"loc", "msg", "type"}`` items."""
-
-    def __init__(self, status_code: int, errors: Sequence[dict[str, Any]]) -> None:
-        super().__init__(errors)
-        self.status_code = status_code
-        self.errors = list(errors)
-
-
-def error_item(loc: Loc, msg: str, type_: str) -> dict[str, Any]:
-    return {"loc": list(loc), "msg": msg, "type": type_}
-
-
-def pydantic_errors(
-    errors: Iterable[ErrorDetails | dict[str, Any]], prefix: Loc = ()
-) -> list[dict[str, Any]]:
-    """Pydantic's error list as ours, each location under ``prefix``."""
-    return [
-        error_item((*prefix, *error["loc"]), str(error["msg"]), str(error["type"]))
-        for error in errors
-    ]
+# One home for refusals and their error items, shared with the Python enqueue path.
+ApiError = Rejected
+__all__ = ["ApiError", "Loc", "error_item", "install_error_handlers", "pydantic_errors"]
 
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:

@@ -1,14 +1,13 @@
-"""Task routes (docs/reference.md#tasks): submit one or a batch, read, list, cancel, wait."""
+"""Task routes (docs/reference.md#tasks): submit one or a batch, read, list, cancel, retry,
+wait."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Annotated, Any
 
+import sqlalchemy.exc
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -16,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from taskfleet.api.auth import require_role
 from taskfleet.api.database import Database, Row, fetch_all, fetch_one
 from taskfleet.api.deps import get_database, get_metrics, get_registry
-from taskfleet.api.errors import ApiError, Loc, error_item, pydantic_errors
+from taskfleet.api.errors import ApiError, Loc, pydantic_errors
 from taskfleet.api.routing import guarded_route
 from taskfleet.api.schemas import (
     MAX_BATCH,
@@ -34,12 +33,18 @@ from taskfleet.api.schemas import (
     TaskPage,
     WaitedTask,
 )
-from taskfleet.shared import protocol
 from taskfleet.shared import queries as q
 from taskfleet.shared.metrics import ApiMetrics
-from taskfleet.shared.policy.lanes import lane_for_priority
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, lane_for_priority
 from taskfleet.shared.registry import TaskRegistry
 from taskfleet.shared.schema import FINISHED_STATUSES, TaskStatus
+from taskfleet.shared.submission import (
+    Submission,
+    UniqueKeyContention,
+    check_submission,
+    run_insert,
+    task_out,
+)
 
 # A task's body is its payload plus a bounded envelope (type, 32 labels of 128 characters, a
 # unique key, numbers): 16 KiB covers it with room to spare, so the payload limit is what bites.
@@ -51,17 +56,6 @@ BATCH_BODY_LIMIT = MAX_BATCH * TASK_BODY_LIMIT
 WAIT_FIRST_POLL = 0.02
 WAIT_MAX_POLL = 0.5
 WAIT_MAX_TIMEOUT = 300.0
-
-# A deduplicated task can finish between the insert that saw it and the read that fetches it;
-# the insert is then simply tried again, a bounded number of times.
-DEDUP_ATTEMPTS = 3
-
-# Far beyond any real parameter object, and well inside what JSON encoders (the response's
-# included) handle: deeper payloads could be stored and then not be served back.
-MAX_PAYLOAD_DEPTH = 64
-
-# An escaped NUL (\u0000) in JSON text, not preceded by an escaped backslash: jsonb rejects it.
-_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 # Query filters go to Postgres as text, which cannot hold NUL.
 NO_NUL = r"^[^\x00]*$"
@@ -80,166 +74,19 @@ router = APIRouter(route_class=guarded_route(TASK_BODY_LIMIT), tags=["tasks"])
 batch_router = APIRouter(route_class=guarded_route(BATCH_BODY_LIMIT), tags=["tasks"])
 
 
-@dataclass(frozen=True)
-class _Submission:
-    """A validated task, with its payload already encoded as the JSON text to store."""
-
-    task: TaskIn
-    payload_json: str
-
-
-def _nests_deeper_than(value: Any, limit: int) -> bool:
-    # Iterative: a payload nested thousands deep must not exhaust Python's stack here.
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return False
-
-
-def _encode_payload(payload: Mapping[str, Any], loc: Loc) -> str:
-    if _nests_deeper_than(payload, MAX_PAYLOAD_DEPTH):
-        raise ApiError(
-            422,
-            [error_item(loc, f"nests deeper than {MAX_PAYLOAD_DEPTH} levels", "too_deep")],
-        )
-    try:
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:  # before ValueError, its base class
-        raise ApiError(
-            422,
-            [error_item(loc, "must be valid Unicode text (unpaired surrogate)", "invalid_json")],
-        ) from None
-    except ValueError:  # NaN or Infinity (Python's JSON parser accepts them; JSON does not)
-        raise ApiError(
-            422, [error_item(loc, "must not contain NaN or Infinity", "invalid_json")]
-        ) from None
-    if size > MAX_PAYLOAD_BYTES:
-        raise ApiError(
-            413,
-            [
-                error_item(
-                    loc,
-                    f"payload is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES} bytes",
-                    "too_large",
-                )
-            ],
-        )
-    if _ESCAPED_NUL.search(text):
-        raise ApiError(
-            422, [error_item(loc, "must not contain NUL characters (\\u0000)", "invalid_json")]
-        )
-    return text
-
-
-def _check_submission(task: TaskIn, registry: TaskRegistry, loc: Loc) -> _Submission:
-    """The checks that need the registry, and the payload's size and encoding."""
-    payload_json = _encode_payload(task.payload, (*loc, "payload"))
-    definition = registry.get(task.type)
-    if definition is None or definition.internal:
-        submittable = [
-            name
-            for name in registry.names()
-            if (known := registry.get(name)) is not None and not known.internal
-        ]
-        raise ApiError(
-            422,
-            [
-                error_item(
-                    (*loc, "type"),
-                    "not a registered task type; registered types: " + ", ".join(submittable),
-                    "unknown_task_type",
-                )
-            ],
-        )
-    try:
-        definition.validate(task.payload)
-    except ValidationError as exc:
-        raise ApiError(422, pydantic_errors(exc.errors(), (*loc, "payload"))) from None
-    return _Submission(task=task, payload_json=payload_json)
-
-
-def _insert_params(submissions: Sequence[_Submission]) -> dict[str, Any]:
-    tasks = [s.task for s in submissions]
-    return {
-        "types": [t.type for t in tasks],
-        "payloads": [s.payload_json for s in submissions],
-        "priorities": [t.priority for t in tasks],
-        "weights": [t.weight for t in tasks],
-        "labels": [json.dumps(t.labels, ensure_ascii=False) for t in tasks],
-        "max_attempts": [t.max_attempts for t in tasks],
-        "delays": [t.delay_seconds for t in tasks],
-        "run_ats": [t.run_at for t in tasks],
-        "timeouts": [t.timeout_seconds for t in tasks],
-        "unique_keys": [t.unique_key for t in tasks],
-        "wake_hint": protocol.wake_hint(lane_for_priority(t.priority).value for t in tasks),
-    }
-
-
-def task_out(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A task row (the named queries' task columns) in its wire form."""
-    return {
-        "id": row["id"],
-        "type": row["type"],
-        "payload": row["payload"],
-        "status": row["status"],
-        "priority": row["priority"],
-        "weight": row["weight"],
-        "labels": list(row["labels"]),
-        "attempts": row["attempts"],
-        "max_attempts": row["max_attempts"],
-        "run_after": row["run_after"],
-        "timeout_seconds": row["timeout"],
-        "created_at": row["created_at"],
-        "started_at": row["started_at"],
-        "finished_at": row["finished_at"],
-        "worker_id": row["worker_id"],
-        "lease_expires_at": row["lease_expires_at"],
-        "result": row["result"],
-        "last_error": row["last_error"],
-        "unique_key": row["unique_key"],
-        "cancel_requested": row["cancel_requested"],
-    }
-
-
 async def _insert(
-    conn: AsyncConnection, submissions: Sequence[_Submission]
+    conn: AsyncConnection, submissions: Sequence[Submission]
 ) -> list[tuple[Row, bool]]:
     """Insert the tasks in one statement (one NOTIFY); for each, its row and whether it was
     deduplicated onto an unfinished task with the same unique_key."""
-    results: list[tuple[Row, bool] | None] = [None] * len(submissions)
-    todo = list(range(len(submissions)))
-    for _ in range(DEDUP_ATTEMPTS):
-        rows = await fetch_all(
-            conn, q.task_insert_batch, **_insert_params([submissions[i] for i in todo])
-        )
-        vanished: list[int] = []
-        for index, row in zip(todo, rows, strict=True):
-            if not row["deduplicated"]:
-                results[index] = (row, False)
-                continue
-            existing = await fetch_one(
-                conn, q.task_get_unfinished_by_unique_key, unique_key=row["input_unique_key"]
-            )
-            if existing is None:  # it finished in between: its key is free again
-                vanished.append(index)
-            else:
-                results[index] = (existing, True)
-        if not vanished:
-            break
-        todo = vanished
-    else:
-        raise HTTPException(
-            status.HTTP_409_CONFLICT,
-            "unique_key: the task holding this key kept changing state; retry the request",
-        )
-    return [r for r in results if r is not None]
+
+    async def run(query: q.Query, params: dict[str, Any]) -> list[Row]:
+        return await fetch_all(conn, query, **params)
+
+    try:
+        return await run_insert(run, submissions)
+    except UniqueKeyContention as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, exc.message) from None
 
 
 def _count_submitted(metrics: ApiMetrics, inserted: Sequence[tuple[Row, bool]]) -> None:
@@ -267,7 +114,7 @@ async def create_task(
     registry: Annotated[TaskRegistry, Depends(get_registry)],
     metrics: Annotated[ApiMetrics, Depends(get_metrics)],
 ) -> dict[str, Any]:
-    submission = _check_submission(task, registry, ("body",))
+    submission = check_submission(task, registry, ("body",))
     # One task is one INSERT statement (its NOTIFY included): atomic without BEGIN/COMMIT.
     async with database.autocommit() as conn:
         inserted = await _insert(conn, [submission])
@@ -294,14 +141,14 @@ async def create_tasks(
     metrics: Annotated[ApiMetrics, Depends(get_metrics)],
 ) -> dict[str, Any]:
     # Item by item, in order, so the error names the first bad task whatever its fault.
-    submissions: list[_Submission] = []
+    submissions: list[Submission] = []
     for index, raw in enumerate(batch.tasks):
         loc: Loc = ("body", "tasks", index)
         try:
             task = TaskIn.model_validate(raw)
         except ValidationError as exc:
             raise ApiError(422, pydantic_errors(exc.errors(), loc)) from None
-        submissions.append(_check_submission(task, registry, loc))
+        submissions.append(check_submission(task, registry, loc))
     async with database.transaction() as conn:
         inserted = await _insert(conn, submissions)
     _count_submitted(metrics, inserted)
@@ -384,6 +231,41 @@ async def cancel_task(
             if row is None:
                 raise _not_found(id)
             raise HTTPException(status.HTTP_409_CONFLICT, f"task {id} is already {row['status']}")
+    return task_out(row)
+
+
+@router.post(
+    "/tasks/{id}/retry",
+    response_model=TaskOut,
+    dependencies=[ADMIN],
+    responses={404: {"model": ErrorMessage}, 409: {"model": ErrorMessage}, **_ERRORS},
+    summary="Run a failed or cancelled task again, from attempt 0",
+)
+async def retry_task(
+    id: TaskId, database: Annotated[Database, Depends(get_database)]
+) -> dict[str, Any]:
+    """A ``failed`` or ``cancelled`` task goes back to ``pending`` with its attempts at 0, due
+    now; its ``last_error`` stays until the next attempt ends. Any other status is a 409."""
+    try:
+        async with database.transaction() as conn:
+            row = await fetch_one(conn, q.task_retry, id=id)
+            if row is None:
+                row = await fetch_one(conn, q.task_get, id=id)
+                if row is None:
+                    raise _not_found(id)
+                if row["type"] == RUNTIME_CONFIG_TASK_TYPE:
+                    reason = "a runtime-config task is not retried: PUT /runtime-config again"
+                else:
+                    reason = (
+                        f"only a failed or cancelled task can be retried; it is {row['status']}"
+                    )
+                raise HTTPException(status.HTTP_409_CONFLICT, f"task {id}: {reason}")
+    except sqlalchemy.exc.IntegrityError:
+        # Its unique_key is held by another unfinished task: two would break the key's promise.
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"task {id}: its unique_key is held by another pending or running task",
+        ) from None
     return task_out(row)
 
 

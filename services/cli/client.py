@@ -1,22 +1,21 @@
-"""Client commands of ``taskfleet`` (docs/reference.md#cli): submit, config set/show, workers.
+"""Client commands of ``taskfleet``: submit, config set/show, workers (docs/reference.md#cli).
 
-They talk to the HTTP API only, at ``TASKFLEET_URL`` with the bearer token ``TASKFLEET_TOKEN``
-(or ``--url``/``--token``). The token goes into the ``Authorization`` header and nowhere else.
+They are built on the Python client, :class:`taskfleet.Client`, against ``TASKFLEET_URL`` with
+the bearer token ``TASKFLEET_TOKEN`` (or ``--url``/``--token``). The token goes into the
+``Authorization`` header and nowhere else.
 
 Exit codes: 0 success (a task created or completed; a config change converged or superseded),
 1 a failed outcome or an API/connection error, 2 bad input caught before any request is sent.
 
-``config set`` reads the NDJSON stream of ``PUT /runtime-config`` line by line as it arrives. The
-stream is parsed by :func:`parse_config_event` into a tagged union and folded into an outcome by
-:func:`consume_config_events`, both pure so the protocol handling is tested without a server.
+``config set`` prints the events of the change as they arrive; if the stream drops, the client
+re-attaches to the same request instead of making a new version. The events are folded into an
+outcome by :func:`fold_config_events`, pure, so the protocol handling is tested without a server.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -24,23 +23,45 @@ from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from taskfleet.cli.main import app
+from taskfleet.client import Client
+from taskfleet.config_change import ConfigStreamLost
+from taskfleet.config_events import (
+    BadLine,
+    ConfigEvent,
+    Converged,
+    Enqueued,
+    Failed,
+    FinalEvent,
+    FleetProgress,
+    Superseded,
+    TimedOut,
+    VersionWritten,
+    parse_config_event,
+)
+from taskfleet.errors import ApiError, WaitTimeout
+from taskfleet.models import Task
+
+__all__ = [
+    "BadLine",
+    "ConfigEvent",
+    "Converged",
+    "Enqueued",
+    "Failed",
+    "FleetProgress",
+    "Superseded",
+    "TimedOut",
+    "VersionWritten",
+    "parse_config_event",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: Seconds to open a connection or send a request; reads get their own, longer bound.
-CONNECT_TIMEOUT = 10.0
-#: Slack added to a server-side wait (``?timeout=``) before the client gives up reading. The
-#: config stream sends a progress event at least every 15 s, so this also covers its gaps.
-READ_SLACK = 30.0
-#: Longest single ``GET /tasks/{id}/wait``; a longer ``--wait-timeout`` is several calls, so the
-#: client never depends on how long the server lets one call block.
-WAIT_CHUNK = 60.0
-FINISHED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 config_app = typer.Typer(
     name="config",
@@ -65,62 +86,7 @@ TokenOption = Annotated[
 
 
 # --------------------------------------------------------------------------------------------
-# The PUT /runtime-config event stream (docs/reference.md#config-events): parsed into a tagged
-# union, folded purely.
-
-
-@dataclass(frozen=True)
-class Enqueued:
-    task_id: int | str | None
-    request_id: str | None
-
-
-@dataclass(frozen=True)
-class VersionWritten:
-    version: int
-
-
-@dataclass(frozen=True)
-class FleetProgress:
-    version: int | None
-    alive_workers: int
-    applied_workers: int
-    lagging: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Converged:
-    version: int | None
-    seconds: float | None
-
-
-@dataclass(frozen=True)
-class Superseded:
-    version: int | None
-    superseded_by: int | None
-
-
-@dataclass(frozen=True)
-class TimedOut:
-    version: int | None
-    lagging: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: str
-
-
-@dataclass(frozen=True)
-class BadLine:
-    """A line that is not a known event: reported and skipped, never fatal."""
-
-    line: str
-    reason: str
-
-
-FinalEvent = Converged | Superseded | TimedOut | Failed
-ConfigEvent = Enqueued | VersionWritten | FleetProgress | FinalEvent | BadLine
+# The config change's events, folded into an outcome (pure).
 
 
 @dataclass(frozen=True)
@@ -134,81 +100,17 @@ class ConfigOutcome:
     bad_lines: int
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _seconds(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def _worker_ids(value: object) -> tuple[str, ...] | None:
-    if not isinstance(value, list):
-        return None
-    return tuple(str(item) for item in value)
-
-
-def parse_config_event(line: str) -> ConfigEvent | None:
-    """Parse one NDJSON line; ``None`` for a blank (keep-alive) line. Never raises.
-
-    Final events are read leniently (a missing number is ``None``): the outcome is what matters.
-    """
-    text = line.strip()
-    if not text:
-        return None
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        return BadLine(text, f"not JSON: {exc}")
-    if not isinstance(doc, dict) or not isinstance(doc.get("event"), str):
-        return BadLine(text, 'not an object with an "event" name')
-    kind = doc["event"]
-    version = _int(doc.get("version"))
-    if kind == "enqueued":
-        task_id = doc.get("task_id")
-        request_id = doc.get("request_id")
-        return Enqueued(
-            task_id if isinstance(task_id, (int, str)) and not isinstance(task_id, bool) else None,
-            request_id if isinstance(request_id, str) else None,
-        )
-    if kind == "version":
-        if version is None:
-            return BadLine(text, "version event without an integer version")
-        return VersionWritten(version)
-    if kind == "progress":
-        alive, applied = _int(doc.get("alive_workers")), _int(doc.get("applied_workers"))
-        lagging = _worker_ids(doc.get("lagging", []))
-        if alive is None or applied is None or lagging is None:
-            return BadLine(text, "progress event without integer counts and a lagging list")
-        return FleetProgress(version, alive, applied, lagging)
-    if kind == "converged":
-        return Converged(version, _seconds(doc.get("seconds")))
-    if kind == "superseded":
-        return Superseded(version, _int(doc.get("superseded_by")))
-    if kind == "timeout":
-        return TimedOut(version, _worker_ids(doc.get("lagging")) or ())
-    if kind == "failed":
-        error = doc.get("error")
-        return Failed(error if isinstance(error, str) and error else "no reason given")
-    return BadLine(text, f"unknown event {kind!r}")
-
-
-def consume_config_events(
-    lines: Iterable[str], on_event: Callable[[ConfigEvent], None] | None = None
+def fold_config_events(
+    events: Iterable[ConfigEvent], on_event: Callable[[ConfigEvent], None] | None = None
 ) -> ConfigOutcome:
-    """Fold a config event stream into its outcome, calling ``on_event`` for each event.
+    """Fold a change's events into its outcome, calling ``on_event`` for each event.
 
     Stops at the first final event. converged and superseded exit 0 (the fleet runs this version
-    or a newer one); timeout, failed, and a stream that ends without a final event exit 1.
+    or a newer one); timeout, failed, and events that end without a final one exit 1.
     """
     request_id: str | None = None
     bad_lines = 0
-    for line in lines:
-        event = parse_config_event(line)
-        if event is None:
-            continue
+    for event in events:
         if on_event is not None:
             on_event(event)
         if isinstance(event, BadLine):
@@ -227,6 +129,14 @@ def consume_config_events(
         request_id,
         bad_lines,
     )
+
+
+def consume_config_events(
+    lines: Iterable[str], on_event: Callable[[ConfigEvent], None] | None = None
+) -> ConfigOutcome:
+    """:func:`fold_config_events` over NDJSON lines (blank keep-alive lines skipped)."""
+    parsed = (parse_config_event(line) for line in lines)
+    return fold_config_events((e for e in parsed if e is not None), on_event)
 
 
 def _version(version: int | None) -> str:
@@ -400,16 +310,8 @@ def _check_url(url: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# HTTP: one client per command; every API or connection error is one clear line and exit 1.
-
-
-class ApiError(Exception):
-    """The API answered with an error status; ``detail`` is its message, rendered."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        self.status = status
-        self.detail = detail
-        super().__init__(f"HTTP {status}: {detail}")
+# The API: one taskfleet.Client per command; every API or connection error is one clear line
+# and exit 1.
 
 
 def render_detail(body: object) -> str:
@@ -429,40 +331,14 @@ def render_detail(body: object) -> str:
     return json.dumps(detail)
 
 
-def _raise_for_status(response: httpx.Response) -> None:
-    if response.is_success:
-        return
-    try:
-        detail = render_detail(response.json())
-    except ValueError:
-        detail = response.text.strip()[:500] or response.reason_phrase
-    raise ApiError(response.status_code, detail)
+def _api_message(exc: ApiError) -> str:
+    if exc.errors:
+        return render_detail(exc.errors)
+    return exc.message
 
 
-def _json(response: httpx.Response) -> Any:
-    _raise_for_status(response)
-    try:
-        return response.json()
-    except ValueError:
-        raise ApiError(response.status_code, "the response is not JSON") from None
-
-
-def _json_object(response: httpx.Response) -> dict[str, Any]:
-    doc = _json(response)
-    if not isinstance(doc, dict):
-        raise ApiError(response.status_code, f"expected a JSON object from {response.url.path}")
-    return doc
-
-
-def _http_client(url: str, token: str | None, read_timeout: float = READ_SLACK) -> httpx.Client:
-    headers = {"User-Agent": "taskfleet-cli"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return httpx.Client(
-        base_url=_check_url(url),
-        headers=headers,
-        timeout=httpx.Timeout(CONNECT_TIMEOUT, read=read_timeout),
-    )
+def _client(url: str, token: str | None) -> Client:
+    return Client(_check_url(url), token=token)
 
 
 def _fail(message: str) -> NoReturn:
@@ -487,7 +363,7 @@ class _ReportApiErrors:
     ) -> None:
         if isinstance(exc, ApiError):
             hint = " (set TASKFLEET_TOKEN or --token)" if exc.status == 401 else ""
-            _fail(f"the API refused the request: HTTP {exc.status}: {exc.detail}{hint}")
+            _fail(f"the API refused the request: HTTP {exc.status}: {_api_message(exc)}{hint}")
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
             _fail(
                 f"cannot connect to the taskfleet API at {self.url}: {exc} (TASKFLEET_URL, --url)"
@@ -502,48 +378,56 @@ class _ReportApiErrors:
 
 @app.command()
 def submit(
-    task_type: Annotated[str, typer.Argument(metavar="TYPE", help="Task type, e.g. demo.echo.")],
-    payload: Annotated[str, typer.Option(help="Task payload, a JSON object.")] = "{}",
+    task_type: Annotated[
+        str, typer.Argument(metavar="TYPE", help="The task type, for example demo.echo.")
+    ],
+    payload: Annotated[str, typer.Option(help="The task's payload, a JSON object.")] = "{}",
     priority: Annotated[
-        int | None, typer.Option(min=0, help="Priority >= 0; higher runs first.")
+        int | None,
+        typer.Option(min=0, help="Priority 0 or more; above 0 the task is in the strict lane."),
     ] = None,
     weight: Annotated[
-        int | None, typer.Option(min=1, help="Weight >= 1 within its label group.")
+        int | None, typer.Option(min=1, help="Weight 1 or more; higher runs first in its group.")
     ] = None,
     label: Annotated[
-        list[str] | None, typer.Option("--label", help="A label; repeat for more.")
+        list[str] | None, typer.Option("--label", help="A label; repeat the option for more.")
     ] = None,
     delay: Annotated[
-        float | None, typer.Option(min=0, help="Seconds to wait before it may start.")
+        float | None, typer.Option(min=0, help="Seconds to wait before the task may start.")
     ] = None,
     unique_key: Annotated[
-        str | None, typer.Option(help="Deduplicate against unfinished tasks with this key.")
+        str | None,
+        typer.Option(help="While a task with this key is unfinished, return it instead."),
     ] = None,
     max_attempts: Annotated[
-        int | None, typer.Option(min=1, help="Attempts before it fails.")
+        int | None, typer.Option(min=1, help="Attempts before the task fails for good.")
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option(help="Seconds one attempt may run (> 0).")
+        float | None, typer.Option(help="Seconds one attempt may run (more than 0).")
     ] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Wait for the task to finish.")] = False,
-    wait_timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait (> 0).")] = 30.0,
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="Wait for the task to finish, or do not.")
+    ] = False,
+    wait_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait with --wait (more than 0).")
+    ] = 30.0,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
-    """Submit a task (POST /tasks) and print its id and status; --wait for its result.
+    """Submit a task (POST /tasks) and print its id and status; with --wait, its result.
 
     Exit 0 when created (with --wait: completed), 1 when it failed, was cancelled or is not
     finished in time, 2 for bad options.
     """
     try:
-        body: dict[str, Any] = {"type": task_type, "payload": parse_payload(payload)}
+        body = parse_payload(payload)
     except ValueError as exc:
         _usage_error("--payload", str(exc))
     if timeout is not None and not timeout > 0:
         _usage_error("--timeout", "must be greater than 0 seconds")
     if not wait_timeout > 0:
         _usage_error("--wait-timeout", "must be greater than 0 seconds")
-    optional = {
+    optional: dict[str, Any] = {
         "priority": priority,
         "weight": weight,
         "labels": label or None,
@@ -552,50 +436,38 @@ def submit(
         "max_attempts": max_attempts,
         "timeout_seconds": timeout,
     }
-    body.update({k: v for k, v in optional.items() if v is not None})
+    fields: Any = {k: v for k, v in optional.items() if v is not None}
 
-    with _ReportApiErrors(url), _http_client(url, token, WAIT_CHUNK + READ_SLACK) as client:
-        task = _json_object(client.post("/tasks", json=body))
+    with _ReportApiErrors(url), _client(url, token) as client:
+        task = client.submit(task_type, body, **fields)
         dedup = " (deduplicated: an unfinished task has this unique key)"
         typer.echo(
-            f"task {task.get('id')} {task.get('type', task_type)}: {task.get('status')}"
-            + (dedup if task.get("deduplicated") else "")
+            f"task {task.id} {task.type}: {task.status}" + (dedup if task.deduplicated else "")
         )
         if not wait:
             return
-        task = _wait_for_task(client, task.get("id"), wait_timeout)
+        try:
+            task = client.wait(task.id, timeout=wait_timeout)
+        except WaitTimeout as exc:
+            task = exc.task
     raise typer.Exit(_report_finished_task(task, wait_timeout))
 
 
-def _wait_for_task(client: httpx.Client, task_id: object, wait_timeout: float) -> dict[str, Any]:
-    """The task once it is finished, or as it is when ``wait_timeout`` seconds have passed."""
-    deadline = time.monotonic() + wait_timeout
-    while True:
-        remaining = max(0.0, deadline - time.monotonic())
-        chunk = min(remaining, WAIT_CHUNK)
-        params = {"timeout": _format_seconds(chunk)}
-        task = _json_object(client.get(f"/tasks/{task_id}/wait", params=params))
-        if task.get("status") in FINISHED_STATUSES or remaining <= WAIT_CHUNK:
-            return task
-
-
-def _report_finished_task(task: Mapping[str, Any], waited: float) -> int:
-    status = task.get("status")
-    name = f"task {task.get('id')}"
-    if status == "completed":
+def _report_finished_task(task: Task, waited: float) -> int:
+    name = f"task {task.id}"
+    if task.status == "completed":
         typer.echo(f"{name} completed")
-        typer.echo(f"result: {json.dumps(task.get('result'))}")
+        typer.echo(f"result: {json.dumps(task.result)}")
         return 0
-    if status == "failed":
-        attempts = task.get("attempts")
+    if task.status == "failed":
+        attempts = task.attempts
         after = f" after {attempts} attempt{'s' if attempts != 1 else ''}" if attempts else ""
-        typer.echo(f"{name} failed{after}: {task.get('last_error') or 'no error recorded'}")
+        typer.echo(f"{name} failed{after}: {task.last_error or 'no error recorded'}")
         return 1
-    if status == "cancelled":
-        error = task.get("last_error")
-        typer.echo(f"{name} cancelled" + (f": {error}" if error else ""))
+    if task.status == "cancelled":
+        typer.echo(f"{name} cancelled" + (f": {task.last_error}" if task.last_error else ""))
         return 1
-    typer.echo(f"{name} is still {status} after waiting {_format_seconds(waited)}s")
+    typer.echo(f"{name} is still {task.status} after waiting {_format_seconds(waited)}s")
     return 1
 
 
@@ -603,19 +475,26 @@ def _report_finished_task(task: Mapping[str, Any], waited: float) -> int:
 def config_set(
     max_strict_percentage: Annotated[
         int | None,
-        typer.Option(min=0, max=100, help="Percent of a worker's slots the strict lane may use."),
+        typer.Option(
+            min=0, max=100, help="The percentage of a worker's slots the strict lane may use."
+        ),
     ] = None,
     default_weight: Annotated[
-        int | None, typer.Option(min=1, help="Weight of labels without their own weight.")
+        int | None, typer.Option(min=1, help="The weight of labels without their own weight.")
     ] = None,
     weight: Annotated[
         list[str] | None,
-        typer.Option("--weight", metavar="LABEL=N", help="A label's weight N >= 1; repeatable."),
+        typer.Option(
+            "--weight", metavar="LABEL=N", help="A label's weight N (1 or more); repeatable."
+        ),
     ] = None,
     request_id: Annotated[
-        str | None, typer.Option(help="Idempotency key: one request id is one version.")
+        str | None,
+        typer.Option(help="An idempotency key: one request id is one version (default: new)."),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for convergence (> 0).")] = 60.0,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for convergence (more than 0).")
+    ] = 60.0,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
@@ -630,15 +509,11 @@ def config_set(
         _usage_error("--weight", str(exc))
     if not timeout > 0:
         _usage_error("--timeout", "must be greater than 0 seconds")
-    body: dict[str, Any] = {}
-    if max_strict_percentage is not None:
-        body["maxStrictPercentage"] = max_strict_percentage
-    if default_weight is not None:
-        body["defaultWeight"] = default_weight
-    if label_weights:
-        body["labelWeights"] = label_weights
-    if request_id is not None:
-        body["requestID"] = request_id
+    fields: dict[str, Any] = {
+        "max_strict_percentage": max_strict_percentage,
+        "default_weight": default_weight,
+        "label_weights": label_weights or None,
+    }
 
     console = Console()
     display: PlainConfigDisplay | LiveConfigDisplay = (
@@ -647,22 +522,10 @@ def config_set(
     lost: list[str] = []
     outcome: ConfigOutcome | None = None
     try:
-        with (
-            _ReportApiErrors(url),
-            _http_client(url, token, timeout + READ_SLACK) as client,
-            client.stream(
-                "PUT",
-                "/runtime-config",
-                params={"timeout": _format_seconds(timeout)},
-                json=body,
-                headers={"Accept": "application/x-ndjson"},
-            ) as response,
-        ):
-            if not response.is_success:
-                response.read()
-                _raise_for_status(response)
+        with _ReportApiErrors(url), _client(url, token) as client:
+            change = client.change_config(timeout=timeout, request_id=request_id, **fields)
             with display:
-                outcome = consume_config_events(_lines_until_lost(response, lost), display)
+                outcome = fold_config_events(_events_until_lost(change, lost), display)
     except KeyboardInterrupt:
         _fail("interrupted; the config change goes on: see `taskfleet config show`")
     assert outcome is not None
@@ -673,21 +536,21 @@ def config_set(
     raise typer.Exit(outcome.exit_code)
 
 
-def _lines_until_lost(response: httpx.Response, lost: list[str]) -> Iterator[str]:
-    """The response's lines as they arrive; a broken connection ends them (noted in ``lost``),
-    so it is reported like any stream that ends without an outcome."""
+def _events_until_lost(change: Iterable[ConfigEvent], lost: list[str]) -> Iterable[ConfigEvent]:
+    """The change's events; a stream the client could not re-attach to ends them (noted in
+    ``lost``), so it is reported like any stream that ends without an outcome."""
     try:
-        yield from response.iter_lines()
-    except httpx.TransportError as exc:
-        lost.append(f"{type(exc).__name__}: {exc}")
+        yield from change
+    except ConfigStreamLost as exc:
+        lost.append(str(exc))
 
 
 @config_app.command("show")
 def config_show(url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
     """Show the latest runtime config and the version each alive worker has applied."""
-    with _ReportApiErrors(url), _http_client(url, token) as client:
-        doc = _json_object(client.get("/runtime-config"))
-    Console().print(*runtime_config_tables(doc))
+    with _ReportApiErrors(url), _client(url, token) as client:
+        config = client.config()
+    Console().print(*runtime_config_tables(config.model_dump(mode="json")))
 
 
 def _cell(value: object) -> str:
@@ -737,15 +600,23 @@ def runtime_config_tables(doc: Mapping[str, Any]) -> tuple[Table, Table]:
     return config, workers
 
 
+WideOption = Annotated[
+    bool,
+    typer.Option(
+        "--wide/--narrow",
+        help="Show every column (host, pid, start time, metrics port), wider than 80 columns.",
+    ),
+]
+
+
 @app.command()
-def workers(url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
-    """Show every registered worker: status, liveness, load and applied config version."""
-    with _ReportApiErrors(url), _http_client(url, token) as client:
-        doc = _json(client.get("/workers"))
-    rows = doc.get("workers") if isinstance(doc, dict) else doc
-    if not isinstance(rows, list):
-        _fail("unexpected /workers response: no list of workers")
-    Console().print(workers_table(rows, datetime.now(UTC)))
+def workers(
+    wide: WideOption = False, url: UrlOption = DEFAULT_URL, token: TokenOption = None
+) -> None:
+    """Show every registered worker: its state, load, applied config version and heartbeat."""
+    with _ReportApiErrors(url), _client(url, token) as client:
+        rows = [w.model_dump(mode="json") for w in client.workers()]
+    Console().print(workers_table(rows, datetime.now(UTC), wide=wide))
 
 
 def heartbeat_age(worker: Mapping[str, Any], now: datetime) -> str:
@@ -772,25 +643,52 @@ def heartbeat_age(worker: Mapping[str, Any], now: datetime) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-def workers_table(rows: Iterable[object], now: datetime) -> Table:
-    table = Table(title="workers")
-    table.add_column("id", no_wrap=True)
-    table.add_column("status")
-    table.add_column("alive")
-    for name in ("concurrency", "inflight", "strict inflight", "applied version", "last heartbeat"):
-        table.add_column(name, justify="right")
+def _ago(age: str) -> str:
+    return age if age == "-" else f"{age} ago"
+
+
+def worker_state(worker: Mapping[str, Any]) -> Text:
+    """``online`` (alive), ``lost`` (online but its heartbeat is overdue), or its status."""
+    status = _cell(worker.get("status"))
+    if worker.get("alive"):
+        return Text("online", style="green")
+    if status == "online":
+        return Text("lost", style="red")
+    return Text(status, style="yellow" if status == "draining" else "dim")
+
+
+def workers_table(rows: Iterable[object], now: datetime, *, wide: bool = False) -> Table:
+    """The fleet. Narrow (the default) fits 80 columns with whole headers: ``busy`` is running
+    tasks out of slots, ``strict`` the strict-lane share of them, ``config`` the applied
+    version. ``wide`` adds the host, pid, start time and metrics port."""
+    table = Table(title="workers", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    # A long id folds onto a second line rather than lose its end: nothing is cut short.
+    table.add_column("worker", overflow="fold")
+    table.add_column("state", no_wrap=True)
+    table.add_column("busy", justify="right", no_wrap=True)
+    table.add_column("strict", justify="right", no_wrap=True)
+    table.add_column("config", justify="right", no_wrap=True)
+    table.add_column("heartbeat", justify="right", no_wrap=True)
+    if wide:
+        for name in ("host", "pid", "started", "metrics port"):
+            table.add_column(name, no_wrap=True)
     for worker in rows:
         if not isinstance(worker, dict):
             continue
-        alive = worker.get("alive")
-        table.add_row(
+        row: list[str | Text] = [
             _cell(worker.get("id")),
-            _cell(worker.get("status")),
-            Text("yes", style="green") if alive else Text("no", style="red"),
-            _cell(worker.get("concurrency")),
-            _cell(worker.get("inflight")),
+            worker_state(worker),
+            f"{_cell(worker.get('inflight'))}/{_cell(worker.get('concurrency'))}",
             _cell(worker.get("strict_inflight")),
             _cell(worker.get("applied_config_version")),
-            heartbeat_age(worker, now),
-        )
+            _ago(heartbeat_age(worker, now)),
+        ]
+        if wide:
+            row += [
+                _cell(worker.get("hostname")),
+                _cell(worker.get("pid")),
+                _cell(worker.get("started_at")),
+                _cell(worker.get("metrics_port")),
+            ]
+        table.add_row(*row)
     return table

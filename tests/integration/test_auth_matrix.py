@@ -79,9 +79,13 @@ BAD_CREDENTIALS: dict[str, Headers] = {
 #: (see top).
 PROBES = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
 DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
-#: Admin only (docs/reference.md#authentication: runtime config, cancel and workers); every other
-#: route needs submit.
-ADMIN_ONLY = {("POST", "/tasks/{id}/cancel"), ("GET", "/workers")}
+#: Admin only (docs/reference.md#authentication: runtime config, cancel, retry and workers);
+#: every other route needs submit.
+ADMIN_ONLY = {
+    ("POST", "/tasks/{id}/cancel"),
+    ("POST", "/tasks/{id}/retry"),
+    ("GET", "/workers"),
+}
 
 
 def is_open(method: str, path: str) -> bool:
@@ -134,6 +138,7 @@ SAMPLES: dict[tuple[str, str], Callable[[Ids], Call]] = {
     ("GET", "/tasks/{id}"): lambda ids: Call(f"/tasks/{ids.task}"),
     ("GET", "/tasks/{id}/wait"): lambda ids: Call(f"/tasks/{ids.task}/wait", {"timeout": 0}),
     ("POST", "/tasks/{id}/cancel"): lambda ids: Call(f"/tasks/{ids.cancellable}/cancel"),
+    ("POST", "/tasks/{id}/retry"): lambda ids: Call(f"/tasks/{ids.task}/retry"),
     ("GET", "/workers"): lambda ids: Call("/workers"),
     ("PUT", "/runtime-config"): lambda ids: Call(
         "/runtime-config", {"wait": "false"}, {"maxStrictPercentage": 50}

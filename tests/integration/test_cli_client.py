@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -34,7 +35,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from typer.testing import CliRunner
 
-import taskfleet.cli.client  # registers the client commands on the app
+import taskfleet.cli.client  # noqa: F401  (registers the client commands on the app)
+from taskfleet import _calls
 from taskfleet.cli.main import app
 
 TOKEN = "canned-admin-token-0123"
@@ -121,6 +123,8 @@ class CannedApi:
         if denied := self._unauthorized(entry):
             return denied
         scenario = (entry["body"] or {}).get("requestID", "converged")
+        if scenario not in STREAMS and scenario not in ("gated", "broken", "rejected"):
+            scenario = "converged"  # a generated request id
         if scenario == "rejected":
             msg = "weight must be at most 1000000"
             detail = [{"loc": ["body", "labelWeights", "x"], "msg": msg, "type": "value_error"}]
@@ -144,6 +148,16 @@ class CannedApi:
         for item in STREAMS[scenario]:
             yield ((item if isinstance(item, str) else json.dumps(item)) + "\n").encode()
             await asyncio.sleep(0.01)
+
+    async def watch_request(self, request: Request) -> Response:
+        """The re-attach after a dropped stream: a broken stream's change converges here."""
+        entry = await self._record(request)
+        if denied := self._unauthorized(entry):
+            return denied
+        scenario = request.path_params["request_id"]
+        if scenario == "broken":
+            scenario = "converged"
+        return StreamingResponse(self._events(scenario), media_type="application/x-ndjson")
 
     async def get_runtime_config(self, request: Request) -> Response:
         entry = await self._record(request)
@@ -189,6 +203,9 @@ class CannedApi:
                 "strict_inflight": 1,
                 "applied_config_version": 7,
                 "last_heartbeat": (now - timedelta(seconds=2)).isoformat(),
+                "started_at": (now - timedelta(hours=1)).isoformat(),
+                "heartbeat_interval": 3.0,
+                "metrics_port": 9100,
             },
             {
                 "id": "w-2",
@@ -201,6 +218,9 @@ class CannedApi:
                 "strict_inflight": 0,
                 "applied_config_version": 6,
                 "last_heartbeat": (now - timedelta(minutes=5)).isoformat(),
+                "started_at": (now - timedelta(hours=2)).isoformat(),
+                "heartbeat_interval": 3.0,
+                "metrics_port": None,
             },
         ]
         return JSONResponse({"workers": rows})
@@ -225,7 +245,13 @@ class CannedApi:
             "type": body["type"],
             "payload": body.get("payload", {}),
             "status": "pending",
+            "priority": body.get("priority", 0),
+            "weight": body.get("weight", 1),
+            "labels": body.get("labels", []),
             "attempts": 0,
+            "max_attempts": body.get("max_attempts", 3),
+            "run_after": "2026-01-01T12:00:00+00:00",
+            "created_at": "2026-01-01T12:00:00+00:00",
             "result": None,
             "last_error": None,
         }
@@ -255,6 +281,7 @@ class CannedApi:
             routes=[
                 Route("/runtime-config", self.put_runtime_config, methods=["PUT"]),
                 Route("/runtime-config", self.get_runtime_config, methods=["GET"]),
+                Route("/runtime-config/requests/{request_id}", self.watch_request, methods=["GET"]),
                 Route("/workers", self.get_workers, methods=["GET"]),
                 Route("/tasks", self.post_task, methods=["POST"]),
                 Route("/tasks/{task_id:int}/wait", self.wait_task, methods=["GET"]),
@@ -283,7 +310,8 @@ def canned_server() -> Iterator[CannedApi]:
 
 
 @pytest.fixture
-def api(canned_server: CannedApi) -> Iterator[CannedApi]:
+def api(canned_server: CannedApi, monkeypatch: pytest.MonkeyPatch) -> Iterator[CannedApi]:
+    monkeypatch.setattr(_calls, "retry_delay", lambda attempt: 0.0)
     canned_server.reset()
     yield canned_server
     canned_server.gate.set()  # never leave a gated stream waiting
@@ -345,6 +373,8 @@ def test_config_set_sends_the_body_accept_header_timeout_and_token(api: CannedAp
     [request] = api.requests
     assert request["method"] == "PUT"
     assert request["accept"] == "application/x-ndjson"
+    # A request id is always sent, so a dropped stream re-attaches instead of a second version.
+    assert uuid.UUID(request["body"].pop("requestID"))
     assert request["authorization"] == f"Bearer {TOKEN}"
     assert request["query"] == {"timeout": "15"}
     assert request["body"] == {
@@ -382,12 +412,24 @@ def test_config_set_without_a_valid_token_says_so(api: CannedApi) -> None:
     assert "wrong-token-xyz" not in result.output
 
 
-def test_a_connection_broken_mid_stream_is_a_lost_stream_not_a_traceback(api: CannedApi) -> None:
+def test_a_connection_broken_mid_stream_re_attaches_to_the_same_request(api: CannedApi) -> None:
     result = run(api, "config", "set", "--request-id", "broken")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1].startswith("converged: version 7")
+    assert [(r["method"], r["path"]) for r in api.requests] == [
+        ("PUT", "/runtime-config"),
+        ("GET", "/runtime-config/requests/broken"),
+    ]
+    assert api.requests[1]["query"]["watch"] == "true"
+
+
+def test_a_stream_that_never_reaches_an_outcome_is_lost_not_a_traceback(api: CannedApi) -> None:
+    result = run(api, "config", "set", "--request-id", "truncated")
     assert result.exit_code == 1
     assert "connection lost" in result.stderr
     assert "the stream ended before an outcome" in result.stdout
     assert "request REQ" in result.stdout
+    assert {r["method"] for r in api.requests[1:]} == {"GET"}  # re-attached, never re-sent
 
 
 def test_an_unreachable_api_is_one_clear_line_and_exit_1() -> None:
@@ -524,9 +566,9 @@ def test_workers_renders_every_worker_with_its_heartbeat_age(api: CannedApi) -> 
     rows = [" ".join(line.replace("│", " ").split()) for line in result.stdout.splitlines()]
     w1 = next(row for row in rows if row.startswith("w-1 "))
     w2 = next(row for row in rows if row.startswith("w-2 "))
-    assert w1.startswith("w-1 online yes 10 4 1 7 ")
-    assert w1.endswith("s") and "m" not in w1.split()[-1]
-    assert w2.startswith("w-2 offline no 5 0 0 6 5m")
+    assert w1.startswith("w-1 online 4/10 1 7 ")
+    assert w1.endswith("s ago") and "m" not in w1.split()[-2]
+    assert w2.startswith("w-2 offline 0/5 0 6 5m")
 
 
 def test_submit_sends_only_the_given_fields_and_prints_id_and_status(api: CannedApi) -> None:
@@ -597,7 +639,7 @@ def test_submit_reports_the_api_validation_error(api: CannedApi) -> None:
 def test_submit_wait_longer_than_one_wait_call_makes_several(
     api: CannedApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(taskfleet.cli.client, "WAIT_CHUNK", 0.25)
+    monkeypatch.setattr(_calls, "WAIT_CHUNK", 0.25)
     result = run(api, "submit", "demo.third", "--wait", "--wait-timeout", "60")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[-1] == 'result: {"calls": 3}'

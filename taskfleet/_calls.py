@@ -1,0 +1,184 @@
+"""The client's calls without I/O: what to send, whether a failure may be retried, how an answer
+is read. :mod:`taskfleet.client` sends them, blocking or async, with the same rules."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from taskfleet.errors import ApiError, error_from_detail
+from taskfleet.models import TaskFields, TaskSpec
+
+#: Seconds to connect, write, or wait for a pool slot.
+CONNECT_TIMEOUT = 10.0
+#: Slack added to a server-side wait (``?timeout=``) before the client gives up reading. The
+#: config stream sends a progress event at least every 15 s, so this also covers its gaps.
+READ_SLACK = 30.0
+#: Longest single ``GET /tasks/{id}/wait``; a longer wait is several calls, so the client never
+#: depends on how long the server lets one call block.
+WAIT_CHUNK = 60.0
+#: Retries of a retryable call, after the first try.
+RETRIES = 3
+BACKOFF_FIRST = 0.25
+BACKOFF_MAX = 4.0
+
+_CONFIG_WIRE_NAMES = {
+    "max_strict_percentage": "maxStrictPercentage",
+    "default_weight": "defaultWeight",
+    "label_weights": "labelWeights",
+    "labels": "labels",
+    "weights": "weights",
+    "notify_interval": "notifyInterval",
+    "listen_timeout": "listenTimeout",
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request. ``idempotent``: sending it twice has the effect of sending it once, so
+    a dropped connection or a 503 may be retried."""
+
+    method: str
+    path: str
+    params: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+    idempotent: bool = False
+    read_timeout: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def timeout(self, default: httpx.Timeout) -> httpx.Timeout:
+        if self.read_timeout is None:
+            return default
+        return httpx.Timeout(default.connect, read=self.read_timeout)
+
+
+def format_seconds(seconds: float) -> str:
+    return f"{round(seconds, 3):g}"
+
+
+def http_timeout(read: float) -> httpx.Timeout:
+    return httpx.Timeout(CONNECT_TIMEOUT, read=read)
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds before retry number ``attempt`` (0-based): exponential, with jitter so a fleet of
+    clients does not come back in step."""
+    base: float = min(BACKOFF_MAX, BACKOFF_FIRST * 2**attempt)
+    return base * random.uniform(0.5, 1.0)
+
+
+def may_retry_error(call: Call, exc: httpx.TransportError) -> bool:
+    """A connection that could not be opened sent nothing, so any call may be tried again; a
+    failure after sending only for an idempotent call."""
+    return call.idempotent or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+def may_retry_status(call: Call, status: int) -> bool:
+    return call.idempotent and status == 503
+
+
+def decode(response: httpx.Response) -> Any:
+    """The answer's JSON, or the :class:`ApiError` subclass its status calls for."""
+    if not response.is_success:
+        raise error_for(response)
+    try:
+        return response.json()
+    except ValueError:
+        raise ApiError(response.status_code, "the answer is not JSON") from None
+
+
+def error_for(response: httpx.Response) -> ApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()[:500] or response.reason_phrase
+        return error_from_detail(response.status_code, text)
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    return error_from_detail(response.status_code, detail)
+
+
+def _wire(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def task_body(type: str, payload: Mapping[str, Any] | None, fields: TaskFields) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": type, "payload": dict(payload or {})}
+    body.update({k: _wire(v) for k, v in fields.items() if v is not None})
+    return body
+
+
+def submit(type: str, payload: Mapping[str, Any] | None, fields: TaskFields) -> Call:
+    # With a unique_key, sending it again returns the same unfinished task: safe to retry.
+    return Call(
+        "POST",
+        "/tasks",
+        body=task_body(type, payload, fields),
+        idempotent=fields.get("unique_key") is not None,
+    )
+
+
+def submit_many(tasks: Iterable[TaskSpec]) -> Call:
+    bodies = []
+    for spec in tasks:
+        fields = {k: v for k, v in spec.items() if k not in ("type", "payload")}
+        bodies.append(task_body(spec["type"], spec.get("payload"), fields))  # type: ignore[arg-type]
+    keyed = bool(bodies) and all(b.get("unique_key") is not None for b in bodies)
+    return Call("POST", "/tasks/batch", body={"tasks": bodies}, idempotent=keyed)
+
+
+def wait(task_id: int, chunk: float) -> Call:
+    return Call(
+        "GET",
+        f"/tasks/{task_id}/wait",
+        params={"timeout": format_seconds(chunk)},
+        idempotent=True,
+        read_timeout=chunk + READ_SLACK,
+    )
+
+
+def list_page(
+    status: str | None, type: str | None, label: str | None, limit: int, cursor: str | None
+) -> Call:
+    params = {"status": status, "type": type, "label": label, "cursor": cursor}
+    query = {k: v for k, v in params.items() if v is not None}
+    query["limit"] = str(limit)
+    return Call("GET", "/tasks", params=query, idempotent=True)
+
+
+def config_body(fields: Mapping[str, Any], request_id: str) -> dict[str, Any]:
+    unknown = sorted(set(fields) - set(_CONFIG_WIRE_NAMES))
+    if unknown:
+        known = ", ".join(sorted(_CONFIG_WIRE_NAMES))
+        raise TypeError(f"unknown runtime-config field(s) {', '.join(unknown)}; known: {known}")
+    body = {_CONFIG_WIRE_NAMES[k]: v for k, v in fields.items() if v is not None}
+    body["requestID"] = request_id
+    return body
+
+
+def change_config(body: Mapping[str, Any], patch: bool, timeout: float) -> Call:
+    # The requestID makes it idempotent: one request id is one version, however often it is sent.
+    return Call(
+        "PATCH" if patch else "PUT",
+        "/runtime-config",
+        params={"timeout": format_seconds(timeout)},
+        body=dict(body),
+        idempotent=True,
+        read_timeout=timeout + READ_SLACK,
+        headers={"Accept": "application/x-ndjson"},
+    )
+
+
+def watch_config(request_id: str, timeout: float) -> Call:
+    return Call(
+        "GET",
+        f"/runtime-config/requests/{request_id}",
+        params={"watch": "true", "timeout": format_seconds(timeout)},
+        idempotent=True,
+        read_timeout=timeout + READ_SLACK,
+        headers={"Accept": "application/x-ndjson"},
+    )

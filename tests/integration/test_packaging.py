@@ -1,0 +1,126 @@
+"""What ``pip install taskfleet`` puts on a machine: one import name, and a cheap import.
+
+The wheel is built here, from a copy of the checkout, offline (the build backend comes from the
+test extra), and its file list is read: every importable name must live under ``taskfleet``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SKIP = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".taskfleet"
+)
+
+
+def build_wheel(tmp_path: Path) -> Path:
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, symlinks=True, ignore=SKIP)
+    out = tmp_path / "dist"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [wheel] = out.glob("taskfleet-*.whl")
+    return wheel
+
+
+def test_the_wheel_installs_only_taskfleet_names(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        top_level = {name.split("/", 1)[0] for name in names}
+        dist_info = next(n for n in top_level if n.endswith(".dist-info"))
+        declared = (
+            archive.read(f"{dist_info}/top_level.txt").decode().split()
+            if (f"{dist_info}/top_level.txt" in names)
+            else []
+        )
+    assert top_level == {"taskfleet", dist_info}, sorted(top_level)
+    assert all(name.startswith("taskfleet") for name in declared), declared
+    # The mapped folders are real files in the wheel, under the one name.
+    for path in (
+        "taskfleet/__init__.py",
+        "taskfleet/py.typed",
+        "taskfleet/client.py",
+        "taskfleet/enqueue.py",
+        "taskfleet/testing.py",
+        "taskfleet/shared/submission.py",
+        "taskfleet/api/app.py",
+        "taskfleet/worker/worker.py",
+        "taskfleet/cli/main.py",
+        "taskfleet/alembic/versions/0004_enqueue_function.py",
+    ):
+        assert path in names, path
+
+
+def test_import_taskfleet_loads_no_http_or_database_library() -> None:
+    code = (
+        "import sys, taskfleet\n"
+        "heavy = [m for m in ('httpx', 'asyncpg', 'sqlalchemy', 'fastapi', 'uvicorn')"
+        " if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+        "from taskfleet import Client, enqueue\n"
+        "print(Client.__module__, enqueue.__module__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    first, second = done.stdout.splitlines()
+    assert first == ""
+    assert second == "taskfleet.client taskfleet.enqueue"
+
+
+def test_the_public_names_are_exactly_the_documented_ones() -> None:
+    import taskfleet
+
+    assert sorted(taskfleet.__all__) == sorted(
+        [
+            "ApiError",
+            "AsyncClient",
+            "Client",
+            "Conflict",
+            "Forbidden",
+            "InvalidRequest",
+            "NotFound",
+            "PayloadTooLarge",
+            "PermanentError",
+            "Task",
+            "TaskParams",
+            "TaskStatus",
+            "Unauthorized",
+            "Unavailable",
+            "WaitTimeout",
+            "__version__",
+            "enqueue",
+            "enqueue_many",
+            "enqueue_many_sync",
+            "enqueue_sync",
+            "task",
+        ]
+    )
+    for name in taskfleet.__all__:
+        value = getattr(taskfleet, name)
+        if name != "__version__":
+            assert value.__doc__, f"taskfleet.{name} has no docstring"
