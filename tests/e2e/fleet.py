@@ -121,7 +121,10 @@ class Fleet:
         self.procs.append(proc)
         return proc
 
-    async def start_api(self, extra_env: dict[str, str] | None = None) -> Proc:
+    async def start_api(
+        self, extra_env: dict[str, str] | None = None, *, wait_ready: bool = True
+    ) -> Proc:
+        """Start ``taskfleet api``; wait for /readyz (or, without ``wait_ready``, /healthz)."""
         port = free_port()
         proc = self._spawn(
             "api",
@@ -130,7 +133,8 @@ class Fleet:
             self._env(extra_env),
         )
         self.api = proc
-        await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        probe = "readyz" if wait_ready else "healthz"
+        await wait_http(f"http://127.0.0.1:{port}/{probe}", proc)
         return proc
 
     async def start_worker(
