@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
 
 from alembic import context
 from taskfleet.shared.db import sqlalchemy_url
@@ -66,8 +68,18 @@ def _run(connection: Connection) -> None:
         context.run_migrations()
 
 
+def _statement_name() -> str:
+    return f"__taskfleet_migrate_{uuid.uuid4().hex}__"
+
+
 async def _main() -> None:
-    engine = create_async_engine(_database_url())
+    # Works through a transaction-mode pooler (PgBouncer) too: no statement cache, and names no
+    # other client can have left prepared on the server connection this one is handed.
+    engine = create_async_engine(
+        _database_url(),
+        poolclass=NullPool,
+        connect_args={"statement_cache_size": 0, "prepared_statement_name_func": _statement_name},
+    )
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run)
