@@ -44,7 +44,10 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _global_options(
     verbose: bool = typer.Option(
-        False, "--verbose", "-v", help="On failure, print the traceback after the error line."
+        False,
+        "--verbose",
+        "-v",
+        help="On failure, print the traceback as well as the one-line error.",
     ),
     version: bool = typer.Option(
         False,
