@@ -49,8 +49,21 @@ class JsonFormatter(logging.Formatter):
 
 
 class _TaskfleetHandler(logging.StreamHandler[TextIO]):
-    """Marks the handler :func:`configure_logging` installed, so a second call replaces it and
-    leaves other handlers (a test runner's capture) alone."""
+    """The handler :func:`configure_logging` installs: a second call replaces it and leaves
+    other handlers (a test runner's capture) alone. It writes to whatever ``sys.stderr`` is at
+    the time (as Python's last-resort handler does), not to the stream that was stderr when it
+    was made, which a test runner may since have closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
 
 
 def configure_logging(level: str = "INFO", log_format: LogFormat = "text") -> None:
@@ -59,7 +72,7 @@ def configure_logging(level: str = "INFO", log_format: LogFormat = "text") -> No
     root = logging.getLogger()
     for handler in [h for h in root.handlers if isinstance(h, _TaskfleetHandler)]:
         root.removeHandler(handler)
-    handler = _TaskfleetHandler(sys.stderr)
+    handler = _TaskfleetHandler()
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     handler.setFormatter(formatter)
     root.addHandler(handler)

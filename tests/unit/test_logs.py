@@ -50,13 +50,33 @@ def test_json_lines_hold_the_traceback_and_values_json_cannot() -> None:
 def test_configure_logging_replaces_its_own_handler_only() -> None:
     root = logging.getLogger()
     before, level = list(root.handlers), root.level
+    others = [h for h in before if type(h).__name__ != "_TaskfleetHandler"]
     try:
         configure_logging("DEBUG", "json")
         configure_logging("WARNING", "text")
-        added = [h for h in root.handlers if h not in before]
-        assert len(added) == 1
+        ours = [h for h in root.handlers if h not in others]
+        assert len(ours) == 1
         assert root.level == logging.WARNING
-        assert all(h in root.handlers for h in before)
+        assert all(h in root.handlers for h in others)
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in before:
+                root.removeHandler(handler)
+        for handler in before:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
+
+def test_records_go_to_the_current_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not to the stream that was stderr at setup, which a test runner may have closed since."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    try:
+        configure_logging("INFO", "json")
+        logging.getLogger("taskfleet.test.stderr").info("hello", extra={"task_id": 3})
+        record = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+        assert (record["message"], record["task_id"]) == ("hello", 3)
     finally:
         for handler in root.handlers[:]:
             if handler not in before:
