@@ -30,7 +30,7 @@ from taskfleet.cli.dev_checks import (
     connections_needed,
 )
 from taskfleet.cli.errors import explained
-from taskfleet.cli.main import _Options, app, import_path_from_current_directory
+from taskfleet.cli.main import GlobalOptions, app, import_path_from_current_directory
 from taskfleet.cli.settings_errors import load_settings
 from taskfleet.cli.supervisor import (
     Child,
@@ -228,7 +228,7 @@ def dev(
         if no_auth:
             env["TASKFLEET_AUTH_DISABLED"] = "true"
 
-        command = taskfleet_command() + (["--verbose"] if _Options.verbose else [])
+        command = taskfleet_command() + (["--verbose"] if GlobalOptions.verbose else [])
         metrics_base = f"http://{_display_host(metrics_host)}"
         children = [
             Child(

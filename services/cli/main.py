@@ -27,7 +27,7 @@ app = typer.Typer(
 )
 
 
-class _Options:
+class GlobalOptions:
     """The global options, read by :func:`main` once the command has failed."""
 
     verbose = False
@@ -57,7 +57,7 @@ def _global_options(
         help="Print the version of taskfleet and exit.",
     ),
 ) -> None:
-    _Options.verbose = verbose
+    GlobalOptions.verbose = verbose
     logging_settings = load_settings(LoggingSettings, {})
     configure_logging(logging_settings.log_level, logging_settings.log_format)
     # Alembic reports each step at INFO (migrate prints its own summary line instead), and the
@@ -160,4 +160,4 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
-        sys.exit(report(exc, verbose=_Options.verbose))
+        sys.exit(report(exc, verbose=GlobalOptions.verbose))
