@@ -13,9 +13,17 @@ _SCHEMES = ("postgresql", "postgres", "postgresql+asyncpg")
 
 
 def _check_url(value: str) -> str:
-    scheme = urlsplit(value).scheme
-    if scheme not in _SCHEMES:
+    parts = urlsplit(value)
+    if parts.scheme not in _SCHEMES:
         raise ValueError("must be a postgresql:// or postgresql+asyncpg:// URL")
+    # host[:port], several of them comma-separated for libpq-style multi-host URLs.
+    for host in parts.netloc.rpartition("@")[2].split(","):
+        if host.startswith("["):  # [IPv6]:port
+            port = host.partition("]")[2].removeprefix(":")
+        else:
+            port = host.partition(":")[2]
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"port {port!r} is not a number from 1 to 65535")
     return value
 
 

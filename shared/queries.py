@@ -586,3 +586,22 @@ schema_revision = _query(
     "schema_revision",
     "SELECT version_num FROM taskfleet.alembic_version",
 )
+
+server_connection_limit = _query(
+    "server_connection_limit",
+    # What this role may open: max_connections, less the slots reserved for superusers when
+    # the role is not one.
+    """
+    SELECT current_setting('max_connections')::int AS max_connections,
+           current_setting('max_connections')::int
+             - CASE WHEN r.rolsuper THEN 0
+                    ELSE current_setting('superuser_reserved_connections')::int END AS usable
+    FROM pg_roles r WHERE r.rolname = current_user
+    """,
+)
+
+
+def server_max_connections_set(max_connections: int) -> str:
+    """``ALTER SYSTEM SET max_connections`` (effective after a restart), for the embedded dev
+    server. A utility statement takes no parameters, hence the literal, from an ``int`` only."""
+    return f"ALTER SYSTEM SET max_connections = {int(max_connections)}"

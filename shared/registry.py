@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
+import sysconfig
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from taskfleet.shared.errors import ConfigurationError
 from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
 
@@ -108,7 +112,43 @@ def load_registry(modules: Iterable[str]) -> TaskRegistry:
     import taskfleet.shared.demo_tasks  # noqa: F401  (registers the demo handlers)
 
     for module in modules:
-        importlib.import_module(module)
+        import_task_module(module)
     registry = TaskRegistry()
     registry.merge(default_registry)
     return registry
+
+
+def import_task_module(module: str) -> None:
+    """Import a module named in ``TASKFLEET_TASK_MODULES``; :class:`ConfigurationError` naming it
+    (and, when it is not found, the import path searched) when it cannot be imported."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
+            raise ConfigurationError(
+                f"TASKFLEET_TASK_MODULES: no module named {module!r} "
+                f"(searched {', '.join(_searched_path())}): run taskfleet from the folder that "
+                "contains it, add that folder to PYTHONPATH, or install the package"
+            ) from exc
+        raise ConfigurationError(
+            f"TASKFLEET_TASK_MODULES: importing {module!r} failed: {exc} (a module it imports is "
+            "not installed)"
+        ) from exc
+    except Exception as exc:
+        first_line = (str(exc).splitlines() or [""])[0]
+        raise ConfigurationError(
+            f"TASKFLEET_TASK_MODULES: importing {module!r} failed: "
+            f"{type(exc).__name__}: {first_line} (taskfleet -v shows the traceback)"
+        ) from exc
+
+
+def _searched_path() -> list[str]:
+    """The folders on ``sys.path``, less the standard library's (they hold no user module)."""
+    paths = sysconfig.get_paths()
+    stdlib = {paths["stdlib"], paths["platstdlib"]}
+    searched = []
+    for entry in sys.path:
+        if entry in stdlib or entry.endswith("lib-dynload") or not os.path.isdir(entry or "."):
+            continue
+        searched.append(entry or ".")
+    return searched

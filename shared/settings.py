@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from taskfleet.shared.db import DatabaseURL
+from taskfleet.shared.logs import LOG_LEVELS, LogFormat
 
 
 def _split_csv(value: Any) -> Any:
@@ -18,10 +19,33 @@ def _split_csv(value: Any) -> Any:
     return value
 
 
-class CommonSettings(BaseSettings):
-    """Settings every taskfleet process reads."""
+class LoggingSettings(BaseSettings):
+    """How a process logs; read by every command, the client ones included."""
 
     model_config = SettingsConfigDict(env_prefix="TASKFLEET_", extra="ignore", frozen=True)
+
+    log_level: str = Field(
+        default="INFO",
+        description="Lowest level logged: DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO).",
+    )
+    log_format: LogFormat = Field(
+        default="text",
+        description="text (default): one human-readable line per record; json: one JSON object "
+        "per line with time, level, logger, message and the fields the log call passed.",
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _known_level(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().upper()
+            if value not in LOG_LEVELS:
+                raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return value
+
+
+class CommonSettings(LoggingSettings):
+    """Settings every taskfleet process reads."""
 
     database_url: DatabaseURL = Field(
         validation_alias=AliasChoices("TASKFLEET_DATABASE_URL", "DATABASE_URL", "database_url"),
@@ -40,7 +64,6 @@ class CommonSettings(BaseSettings):
     default_max_strict_percentage: int = Field(
         default=100, ge=0, le=100, description="maxStrictPercentage when a PUT omits it."
     )
-    log_level: str = Field(default="INFO", description="Python logging level name.")
 
     _split_modules = field_validator("task_modules", mode="before")(_split_csv)
 
@@ -87,8 +110,8 @@ class WorkerSettings(CommonSettings):
     def _timers_fit_together(self) -> WorkerSettings:
         if self.lease_ttl <= 2 * self.heartbeat_interval:
             raise ValueError(
-                "lease_ttl must be more than twice heartbeat_interval, or a live worker's lease "
-                "could expire between two heartbeats"
+                "TASKFLEET_LEASE_TTL must be more than twice TASKFLEET_HEARTBEAT_INTERVAL, or a "
+                "live worker's lease could expire between two heartbeats"
             )
         return self
 

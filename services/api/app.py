@@ -36,11 +36,6 @@ RUNTIME_CONFIG_ROUTER_MODULE = "taskfleet.api.runtime_config"
 
 def create_app(settings: ApiSettings) -> FastAPI:
     """The FastAPI app of the control plane (docs/reference.md#http-api)."""
-    if settings.auth_disabled:
-        log.warning(
-            "AUTHENTICATION IS DISABLED (TASKFLEET_AUTH_DISABLED=true): anyone who can reach "
-            "this API can submit and cancel tasks and change the fleet's runtime config"
-        )
     metrics_registry = CollectorRegistry()
     state = ApiState(
         settings=settings,
@@ -50,6 +45,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         metrics=ApiMetrics.create(metrics_registry),
         head_revision=head_revision(),
     )
+    if settings.auth_disabled:
+        log.warning(
+            "AUTHENTICATION IS DISABLED (TASKFLEET_AUTH_DISABLED=true): anyone who can reach "
+            "this API can submit and cancel tasks and change the fleet's runtime config"
+        )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -1,8 +1,10 @@
 """The API's database access: named queries over a SQLAlchemy async engine.
 
-Connection-level failures (server down, refusing connections, pool exhausted, database or schema
-missing) become :class:`DatabaseUnavailable`, which the app answers with a 503. Anything else, a
-constraint violation or a bad statement, is a bug and propagates as one.
+Connection-level failures (server down or refusing connections, login refused, database not
+accepting connections, pool exhausted, database or schema missing) become
+:class:`DatabaseUnavailable`, which the app answers with a 503 (and ``/metrics`` with
+``taskfleet_api_database_up 0``). Anything else, a constraint violation or a bad statement, is a
+bug and propagates as one.
 """
 
 from __future__ import annotations
@@ -20,10 +22,22 @@ from taskfleet.shared.db import sqlalchemy_url
 from taskfleet.shared.queries import Query
 
 # SQLSTATE classes and codes that mean "the database cannot serve us now", not "we sent
-# something wrong": connection exceptions, operator intervention, insufficient resources.
-_UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
-_MISSING_DATABASE = "3D000"
-_MISSING_SCHEMA_OBJECTS = ("3F000", "42P01")  # invalid schema name, undefined table
+# something wrong", each with the reason the 503 gives. Checked in order, the first match wins.
+_UNAVAILABLE_SQLSTATES: tuple[tuple[str, str], ...] = (
+    ("3D000", "database does not exist"),
+    ("3F000", "database schema is not migrated (run taskfleet migrate)"),  # invalid schema
+    ("42P01", "database schema is not migrated (run taskfleet migrate)"),  # undefined table
+    # The role may not connect or read: a grant or pg_hba.conf was changed under us.
+    ("42501", "database permission denied for the configured role"),
+    ("08", "database connection failed"),  # connection exception
+    ("28", "database refused the login (check the role and password in DATABASE_URL)"),
+    ("53", "database out of resources (too many connections, disk full or out of memory)"),
+    # Object not in prerequisite state: a lock that cannot be had now, or ALTER DATABASE ...
+    # ALLOW_CONNECTIONS false.
+    ("55P03", "database lock not available"),
+    ("55", "database is not accepting connections"),
+    ("57", "database unavailable (shutting down, starting up or restarting)"),
+)
 
 
 class DatabaseUnavailable(Exception):
@@ -56,12 +70,10 @@ def unavailable_reason(exc: BaseException) -> str | None:
         code = _sqlstate(exc)
         if exc.connection_invalidated or isinstance(exc, sqlalchemy.exc.InterfaceError):
             return "database connection lost"
-        if code == _MISSING_DATABASE:
-            return "database does not exist"
-        if code in _MISSING_SCHEMA_OBJECTS:
-            return "database schema is not migrated (run taskfleet migrate)"
-        if code is not None and code.startswith(_UNAVAILABLE_SQLSTATE_CLASSES):
-            return "database unavailable"
+        if code is not None:
+            for prefix, reason in _UNAVAILABLE_SQLSTATES:
+                if code.startswith(prefix):
+                    return reason
     return None
 
 

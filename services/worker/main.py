@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 
+from taskfleet.shared.errors import bind_error
+from taskfleet.shared.logs import configure_logging
 from taskfleet.shared.registry import load_registry
 from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.http import bind, create_server
@@ -19,7 +22,7 @@ async def serve_worker(settings: WorkerSettings, worker: Worker | None = None) -
     """Run a worker with its HTTP port until it is stopped; returns the stopped worker."""
     if worker is None:
         worker = Worker(settings, load_registry(settings.task_modules))
-    sock = bind(settings.metrics_host, settings.metrics_port)
+    sock = _bind_metrics(settings.metrics_host, settings.metrics_port)
     worker.metrics_port = sock.getsockname()[1]
     server = create_server(worker, sock)
     http_task = asyncio.create_task(server.serve(sockets=[sock]), name="worker-http")
@@ -37,10 +40,21 @@ async def serve_worker(settings: WorkerSettings, worker: Worker | None = None) -
     return worker
 
 
+def _bind_metrics(host: str, port: int) -> socket.socket:
+    """The socket of /metrics and the probes; a one-line error when it cannot be had."""
+    try:
+        return bind(host, port)
+    except OSError as exc:
+        raise bind_error(
+            exc,
+            host,
+            port,
+            host_setting="TASKFLEET_METRICS_HOST",
+            port_setting="--metrics-port or TASKFLEET_METRICS_PORT (0 picks a free one)",
+        ) from exc
+
+
 def run_worker_process(settings: WorkerSettings) -> int:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level, settings.log_format)
     asyncio.run(serve_worker(settings))
     return 0

@@ -26,6 +26,7 @@ import httpx
 
 from taskfleet.shared.db import asyncpg_dsn
 
+REPO = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "admin-e2e-token-0001"
 SUBMIT_TOKEN = "submit-e2e-token-0001"
 
@@ -89,6 +90,8 @@ class Fleet:
     procs: list[Proc] = field(default_factory=list)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tf-e2e-")))
     api: Proc | None = None
+    #: The processes' working directory (a user's project folder); default the repository.
+    cwd: Path = REPO
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TASKFLEET_")}
@@ -114,14 +117,17 @@ class Fleet:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=self.cwd,
         )
         log_file.close()
         proc = Proc(name, popen, log_path, port)
         self.procs.append(proc)
         return proc
 
-    async def start_api(self, extra_env: dict[str, str] | None = None) -> Proc:
+    async def start_api(
+        self, extra_env: dict[str, str] | None = None, *, wait_ready: bool = True
+    ) -> Proc:
+        """Start ``taskfleet api``; wait for /readyz (or, without ``wait_ready``, /healthz)."""
         port = free_port()
         proc = self._spawn(
             "api",
@@ -130,7 +136,8 @@ class Fleet:
             self._env(extra_env),
         )
         self.api = proc
-        await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        probe = "readyz" if wait_ready else "healthz"
+        await wait_http(f"http://127.0.0.1:{port}/{probe}", proc)
         return proc
 
     async def start_worker(
