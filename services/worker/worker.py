@@ -382,7 +382,6 @@ class Worker:
                     **self._finish_params(outcomes),
                     control_limit=plan.control,
                     strict_limit=plan.strict,
-                    configured=self.planner.configured_labels,
                     group_keys=plan.group_keys,
                     group_limits=plan.group_limits,
                     probe_strict=plan.probe_strict,
@@ -414,11 +413,16 @@ class Worker:
                     self.metrics.strict_saturation.inc()
             elif plan.strict:
                 self._strict_held_back = False
-            if generation == self._hint_generation:
-                # Only trust a shortfall if no new work was announced meanwhile.
-                self.planner.observe(
-                    plan, claimed, normal_waiting=bool(rows and rows[0]["normal_waiting"])
-                )
+            # Charged for what it got; a shortfall is trusted only if no new work was announced
+            # meanwhile, and one caused by another worker's locks (contended) is not dryness.
+            self.planner.observe(
+                plan,
+                claimed,
+                normal_waiting=bool(rows and rows[0]["normal_waiting"]),
+                contended=[g or None for g in rows[0]["contended_groups"]] if rows else (),
+                strict_contended=bool(rows and rows[0]["strict_contended"]),
+                shortfall_trusted=generation == self._hint_generation,
+            )
             self._publish_inflight()
 
     def _enter_wait(self) -> None:
@@ -453,7 +457,7 @@ class Worker:
                 w.cancel()
 
     def _start(self, row: asyncpg.Record) -> Running:
-        lane, group = self.planner.classify(row["priority"], list(row["labels"]))
+        lane, group = self.planner.classify(row["priority"], list(row["labels"]), row["group_key"])
         running = Running(
             id=row["id"],
             type=row["type"],
