@@ -284,25 +284,27 @@ task_claim = _query(
                    (SELECT count(*) FROM normal WHERE normal.grp = quota.grp) AS got
             FROM quota
         ) AS s
-        WHERE s.got < s.n AND (
+        -- CASE, not AND: the planner may order AND's operands by cost; CASE probes only a
+        -- group that really came back short.
+        WHERE CASE WHEN s.got < s.n THEN (
             SELECT t.id FROM taskfleet.tasks t
             WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = s.grp
               AND t.run_after <= now()
               AND t.id <> ALL(ARRAY(SELECT normal.id FROM normal WHERE normal.grp = s.grp))
             ORDER BY t.weight DESC, t.created_at, t.id
             LIMIT 1
-        ) IS NOT NULL
+        ) IS NOT NULL ELSE false END
     ),
     -- The same question for the strict lane, when it came back short.
     strict_contended AS (
-        SELECT CAST(:strict_limit AS int) > (SELECT count(*) FROM strict) AND (
+        SELECT CASE WHEN CAST(:strict_limit AS int) > (SELECT count(*) FROM strict) THEN (
                    SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority > 0
                      AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
                      AND t.id <> ALL(ARRAY(SELECT id FROM strict))
                    ORDER BY t.priority DESC, t.created_at, t.id
                    LIMIT 1
-               ) IS NOT NULL AS contended
+               ) IS NOT NULL ELSE false END AS contended
     ),
     -- Lanes this claim did not ask of: is ready work waiting there? (Index probes, no locks.)
     -- strict: the cap is full (the saturation counter); normal: every slot went to the strict
