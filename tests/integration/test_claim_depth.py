@@ -151,7 +151,7 @@ async def test_an_empty_group_the_strict_and_the_control_lane_cost_almost_nothin
     conn: asyncpg.Connection,
 ) -> None:
     # Asked of and found empty: the default group (every row is labelled), strict, control.
-    total, reads, rows = await claim_buffers(
+    total, _, rows = await claim_buffers(
         conn, control_limit=1, strict_limit=5, group_keys=[None], group_limits=[5]
     )
     assert rows == 1  # the statement's one row: nothing claimed

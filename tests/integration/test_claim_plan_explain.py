@@ -37,7 +37,8 @@ SELECT 'demo.echo', '{{}}'::jsonb, s.status,
        CASE WHEN s.status = 'running' THEN 'w-' || g % 50 END,
        CASE WHEN s.status = 'running' THEN now() + interval '30 seconds' END,
        taskfleet.task_group_key(
-           (ARRAY['{{}}', '{{a}}', '{{b,a}}', '{{c}}', '{{x}}', '{{b}}', '{{c,x}}'])[1 + g % 7]::text[],
+           (ARRAY['{{}}', '{{a}}', '{{b,a}}', '{{c}}', '{{x}}', '{{b}}', '{{c,x}}'])
+               [1 + g % 7]::text[],
            ARRAY['a', 'b', 'c'])
 FROM generate_series(1, {ROWS}) AS g
 CROSS JOIN LATERAL (
