@@ -136,7 +136,11 @@ async def test_the_strict_cap_limits_strict_tasks_and_normal_tasks_fill_the_rest
             assert worker.planner.strict_cap == 2
             await kit.wait_until(lambda: worker.inflight == 4, "all four slots busy")
             assert worker.strict_inflight == 2
-            assert strict_gate.running["s"] == 2 and normal_gate.running["n"] == 2
+            # Claimed is not yet running: each handler enters its gate when its coroutine runs.
+            await kit.wait_until(
+                lambda: strict_gate.running["s"] == 2 and normal_gate.running["n"] == 2,
+                "two strict and two normal handlers running",
+            )
 
             # Normal work flows through the two normal slots; strict stays at its cap.
             normal_gate.open.set()
