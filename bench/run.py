@@ -82,6 +82,17 @@ def _ratio_rows(
     return rows
 
 
+def _per_rep_ratios(series: dict[str, dict[str, Series]], columns: list[str]) -> str:
+    """Every repetition's taskfleet / pgqueuer ratio, in order (the table shows min-max)."""
+    if "taskfleet" not in series or "pgqueuer" not in series:
+        return ""
+    parts = []
+    for c in columns:
+        ratio = paired_ratio(series["taskfleet"][c], series["pgqueuer"][c])
+        parts.append(f"{c}: " + ", ".join(f"{x:.2f}x" for x in ratio.values))
+    return " Ratios taskfleet / pgqueuer per repetition: " + "; ".join(parts) + "."
+
+
 def _convergence_tables(text: str) -> str:
     """bench/convergence.py prints one JSON object per run: a table of its p50..max figures."""
     parts = []
@@ -178,8 +189,8 @@ class Bench:
 
     async def drain(self) -> None:
         a = self.args
-        systems = _systems()
-        configs = [(1, 10), (2, 10)]
+        systems = [x for x in _systems() if x.name in self.args.systems]
+        configs = list(a.drain_configs)
         cols = [f"{w} worker{'s' if w > 1 else ''} x {c}" for w, c in configs]
         series = {s.name: {c: Series() for c in cols} for s in systems}
         by_name = {s.name: s for s in systems}
@@ -201,14 +212,14 @@ class Bench:
             "Drain (tasks/s from first start to last finish, higher is better)",
             table(["system", *cols], rows),
             f"Tasks: {a.tasks:,} queued no-op tasks (procrastinate: {a.slow_drain_tasks:,}), "
-            "submitted in one statement once every worker listens.",
+            "submitted in one statement once every worker listens." + _per_rep_ratios(series, cols),
         )
 
     # -------------------------------------------------------------------------------------------
 
     async def latency(self) -> None:
         a = self.args
-        systems = _systems()
+        systems = [x for x in _systems() if x.name in self.args.systems]
         cols = ["p50", "p95", "p99", "max", "enqueue call p50"]
         series = {s.name: {c: Series() for c in cols} for s in systems}
         by_name = {s.name: s for s in systems}
@@ -234,7 +245,7 @@ class Bench:
             "Idle fleet of one worker (10 slots), 200 tasks submitted one at a time 20 ms apart "
             "through each system's Python enqueue path; both stamps are the database's now(). "
             "'enqueue call p50' is the submitter's median wall time per enqueue call (mostly "
-            "its commit), which every pickup includes.",
+            "its commit), which every pickup includes." + _per_rep_ratios(series, ["p50"]),
         )
 
     # -------------------------------------------------------------------------------------------
@@ -585,6 +596,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noisy-b-tasks", type=int, default=10_000)
     parser.add_argument("--http-tasks", type=int, default=4_000, help="http-submit, per path")
     parser.add_argument("--convergence-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--systems",
+        default="taskfleet,taskfleet-sync,pgqueuer,procrastinate",
+        help="drain and latency: which systems (default all four)",
+    )
+    parser.add_argument(
+        "--drain-configs",
+        default="1x10,2x10",
+        help="drain: worker processes x slots, comma-separated (default 1x10,2x10)",
+    )
     parser.add_argument("--json", help="also write every raw value to this file")
     parser.add_argument("--database-url", default=DEFAULT_SERVER)
     args = parser.parse_args(argv)
@@ -595,6 +616,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.reps < 1:
         parser.error("--reps must be at least 1")
     args.only = only
+    args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
+    args.drain_configs = [
+        (int(w), int(c)) for w, c in (x.split("x") for x in args.drain_configs.split(","))
+    ]
     return args
 
 
