@@ -86,18 +86,21 @@ def _statement(query: Query) -> TextClause:
 Row = dict[str, Any]
 
 #: A pooled connection idle longer than this is pinged before use (see _ping_after_idle).
-PING_AFTER_IDLE_SECONDS = 5.0
+PING_AFTER_IDLE_SECONDS = 1.0
 
 
 def _ping_after_idle(engine: AsyncEngine, idle_seconds: float) -> None:
-    """Ping a pooled connection on checkout only when it sat idle for ``idle_seconds``.
+    """Check a pooled connection on checkout without a round trip, and ping it only when it sat
+    idle for ``idle_seconds``.
 
     SQLAlchemy's ``pool_pre_ping`` pings on every checkout: with asyncpg that is BEGIN, ``;``,
     ROLLBACK, three round trips before each request's one statement (a fifth of the API's CPU
-    under a stream of ``POST /tasks``, profiled). A connection in steady use needs no ping: if
-    the server went away under it, the statement fails as a disconnect, SQLAlchemy discards the
-    whole pool, and that one request is answered 503. A connection that sat idle (where a
-    restart, a pooler or a firewall may have dropped it unseen) is still pinged first.
+    under a stream of ``POST /tasks``, profiled). Instead: a connection the server closed while
+    it sat in the pool (a restart, ``pg_terminate_backend``) is already marked closed by the
+    driver, which read the server's goodbye: replaced at no cost. One that sat idle for a while
+    (where a pooler or a firewall may have dropped it unseen) is pinged first. One in steady use
+    is not pinged: if the server went away under it mid-request, that request is answered 503
+    and SQLAlchemy discards the pool.
     """
 
     @event.listens_for(engine.sync_engine, "checkin")
@@ -106,6 +109,9 @@ def _ping_after_idle(engine: AsyncEngine, idle_seconds: float) -> None:
 
     @event.listens_for(engine.sync_engine, "checkout")
     def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        driver = getattr(dbapi_connection, "driver_connection", None)
+        if driver is not None and driver.is_closed():
+            raise sqlalchemy.exc.DisconnectionError("the server closed this connection")
         since = record.info.get("idle_since")
         if since is None or time.monotonic() - since < idle_seconds:
             return
