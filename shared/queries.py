@@ -295,16 +295,21 @@ task_claim = _query(
             LIMIT 1
         ) IS NOT NULL ELSE false END
     ),
-    -- The same question for the strict lane, when it came back short.
-    strict_contended AS (
-        SELECT CASE WHEN CAST(:strict_limit AS int) > (SELECT count(*) FROM strict) THEN (
+    -- The strict lane's one probe, "the first ready strict row this claim did not take", asked
+    -- when the cap is full (is strict work waiting?) or when the lane came back short (was it
+    -- contention?): one subquery for both questions (each reference to the table costs planning
+    -- time on every claim).
+    strict_probe AS (
+        SELECT (SELECT count(*) FROM strict) AS got,
+               CASE WHEN CAST(:probe_strict AS boolean)
+                         OR CAST(:strict_limit AS int) > (SELECT count(*) FROM strict) THEN (
                    SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority > 0
                      AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
                      AND t.id <> ALL(ARRAY(SELECT id FROM strict))
                    ORDER BY t.priority DESC, t.created_at, t.id
                    LIMIT 1
-               ) IS NOT NULL ELSE false END AS contended
+               ) IS NOT NULL ELSE false END AS found
     ),
     -- Lanes this claim did not ask of: is ready work waiting there? (Index probes, no locks.)
     -- strict: the cap is full (the saturation counter); normal: every slot went to the strict
@@ -313,19 +318,16 @@ task_claim = _query(
         -- Written as "the first row in claim order, LIMIT 1", not EXISTS: an EXISTS without an
         -- index condition was planned as a sequential scan of the whole table (175 ms at 1M
         -- rows); ordering by the claim index's own key keeps it a one-row index probe.
-        SELECT CAST(:probe_strict AS boolean) AND (
-                   SELECT t.id FROM taskfleet.tasks t
-                   WHERE t.status = 'pending' AND t.priority > 0
-                     AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
-                   ORDER BY t.priority DESC, t.created_at, t.id
-                   LIMIT 1
-               ) IS NOT NULL AS strict_waiting,
+        SELECT CAST(:probe_strict AS boolean) AND strict_probe.found AS strict_waiting,
+               CAST(:strict_limit AS int) > strict_probe.got AND strict_probe.found
+                   AS strict_contended,
                CAST(:probe_normal AS boolean) AND (
                    SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
                    ORDER BY t.group_key, t.weight DESC, t.created_at, t.id
                    LIMIT 1
                ) IS NOT NULL AS normal_waiting
+        FROM strict_probe
     ),
     -- Take them all: running, leased, attempt counted.
     claimed AS (
@@ -348,9 +350,9 @@ task_claim = _query(
     -- nothing was claimed.
     SELECT waiting.strict_waiting, waiting.normal_waiting,
            ARRAY(SELECT finished.id FROM finished) AS finished_ids,
-           contended.groups AS contended_groups, strict_contended.contended AS strict_contended,
+           contended.groups AS contended_groups, waiting.strict_contended,
            claimed.*
-    FROM waiting CROSS JOIN contended CROSS JOIN strict_contended LEFT JOIN claimed ON true
+    FROM waiting CROSS JOIN contended LEFT JOIN claimed ON true
     """,
 )
 
