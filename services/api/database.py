@@ -86,7 +86,7 @@ def _statement(query: Query) -> TextClause:
 Row = dict[str, Any]
 
 #: A pooled connection idle longer than this is pinged before use (see _ping_after_idle).
-PING_AFTER_IDLE_SECONDS = 1.0
+PING_AFTER_IDLE_SECONDS = 0.1
 
 
 def _ping_after_idle(engine: AsyncEngine, idle_seconds: float) -> None:
@@ -97,10 +97,11 @@ def _ping_after_idle(engine: AsyncEngine, idle_seconds: float) -> None:
     ROLLBACK, three round trips before each request's one statement (a fifth of the API's CPU
     under a stream of ``POST /tasks``, profiled). Instead: a connection the server closed while
     it sat in the pool (a restart, ``pg_terminate_backend``) is already marked closed by the
-    driver, which read the server's goodbye: replaced at no cost. One that sat idle for a while
-    (where a pooler or a firewall may have dropped it unseen) is pinged first. One in steady use
-    is not pinged: if the server went away under it mid-request, that request is answered 503
-    and SQLAlchemy discards the pool.
+    driver, which read the server's goodbye: replaced at no cost. One that sat idle for a moment
+    (the goodbye may not have been read yet; a pooler or a firewall may have dropped it unseen)
+    is pinged first. One in steady use (several requests a second per pooled connection) is not
+    pinged: if the server went away under it mid-request, that request is answered 503 and
+    SQLAlchemy discards the pool.
     """
 
     @event.listens_for(engine.sync_engine, "checkin")
