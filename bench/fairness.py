@@ -16,6 +16,8 @@ queued before it starts, one worker x 10 slots:
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,3 +181,100 @@ async def measure_strict_only(templates: Templates, *, tasks: int = 30) -> float
     )
     seconds = float(rows[0]["s"] or 0.0)
     return tasks / seconds if seconds else 0.0
+
+
+async def _wait_for_starts(conn: asyncpg.Connection, n: int, timeout: float = 300.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    query = "SELECT count(*) >= $1 FROM taskfleet.tasks WHERE started_at IS NOT NULL"
+    while not await conn.fetchval(query, n):
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"fewer than {n} starts after {timeout:g}s")
+        await asyncio.sleep(0.1)
+
+
+async def measure_fleet(
+    templates: Templates, *, per_group: int = 20_000, window: int = 10_000
+) -> Shares:
+    """Three worker processes of 2, 5 and 10 slots draining a:3 / b:1 together: a's share of
+    the first ``window`` starts fleet-wide (both groups have work all along), against 75%."""
+    system = Taskfleet()
+    weights = {"a": 3, "b": 1}
+    async with templates.clone(system.template_key, system.install) as url:
+        await _insert_config(url, {"labelWeights": weights})
+        conn = await db.connect(url)
+        try:
+            cycle = [["a"], ["b"]]
+            await taskfleet_insert(
+                conn, taskfleet_insert_params(2 * per_group, labels=lambda i: cycle[i % 2])
+            )
+        finally:
+            await conn.close()
+        fleet: list[processes.Process] = []
+        try:
+            for i, slots in enumerate((2, 5, 10)):
+                argv = [
+                    sys.executable, "-m", "taskfleet.cli", "worker",
+                    "--concurrency", str(slots), "--metrics-port", "0",
+                    "--worker-id", f"fleet-{slots}",
+                ]  # fmt: skip
+                p = await processes.start(f"taskfleet-worker-{i}", argv, system.worker_env(url))
+                p.discard_output()
+                fleet.append(p)
+            conn = await asyncpg.connect(url)
+            try:
+                await _wait_for_starts(conn, window)
+                rows = await conn.fetch(
+                    "SELECT labels[1] AS grp, worker_id FROM taskfleet.tasks"
+                    " WHERE started_at IS NOT NULL ORDER BY started_at, id LIMIT $1",
+                    window,
+                )
+            finally:
+                await conn.close()
+        finally:
+            await processes.stop(fleet)
+    n = len(rows)
+    share_a = sum(1 for r in rows if r["grp"] == "a") / n
+    per_worker = {
+        w: sum(1 for r in rows if r["worker_id"] == w) for w in {r["worker_id"] for r in rows}
+    }
+    return Shares(
+        {"a": share_a, "b": 1 - share_a}, {"a": 0.75, "b": 0.25}, n, {"per_worker": per_worker}
+    )
+
+
+async def measure_slot_time(templates: Templates, *, per_group: int = 400) -> Shares:
+    """Weights share claims (starts), not slot time: a:1 / b:1, a's tasks sleep 10 ms, b's
+    40 ms, one worker x 10. Starts split 50/50; busy slot time about 20/80."""
+    rows = await _with_worker(
+        templates,
+        {"labelWeights": {"a": 1, "b": 1}},
+        [
+            taskfleet_insert_params(
+                per_group, task_type="demo.sleep", payload={"seconds": 0.01}, labels=lambda i: ["a"]
+            ),
+            taskfleet_insert_params(
+                per_group, task_type="demo.sleep", payload={"seconds": 0.04}, labels=lambda i: ["b"]
+            ),
+        ],
+        "SELECT labels[1] AS grp, started_at, finished_at FROM taskfleet.tasks"
+        " WHERE type = 'demo.sleep' ORDER BY started_at, id",
+    )
+    last = {}
+    for r in rows:
+        last[r["grp"]] = r["started_at"]
+    cutoff = min(last.values())
+    window = [r for r in rows if r["started_at"] < cutoff]
+    first = window[0]["started_at"]
+    starts_a = sum(1 for r in window if r["grp"] == "a") / len(window)
+    busy = {"a": 0.0, "b": 0.0}
+    for r in rows:
+        start, end = max(r["started_at"], first), min(r["finished_at"], cutoff)
+        if end > start:
+            busy[r["grp"]] += (end - start).total_seconds()
+    slot_a = busy["a"] / (busy["a"] + busy["b"])
+    return Shares(
+        {"a": starts_a, "b": 1 - starts_a},
+        {"a": 0.5, "b": 0.5},
+        len(window),
+        {"slot_time_a": slot_a, "slot_time_b": 1 - slot_a},
+    )

@@ -122,7 +122,11 @@ def main() -> None:
     parser.add_argument("--name", default=APP_NAME)
     args = parser.parse_args()
     if args.system == "pgqueuer":
-        asyncio.run(run_pgqueuer(args.dsn, args.drain))
+        # As pgqueuer's own CLI runs it: on uvloop when uvloop is installed (it is: taskfleet's
+        # worker runs on it too), so both queues run on the same event loop.
+        from pgqueuer.adapters.cli.cli import asyncio_run
+
+        asyncio_run(run_pgqueuer(args.dsn, args.drain))
     else:
         asyncio.run(run_procrastinate(args.dsn, args.drain, args.concurrency, args.name))
     sys.exit(0)

@@ -30,12 +30,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import drain, enqueue, fairness, idle, latency, machine
+from bench import backlog, drain, enqueue, fairness, http_submit, idle, latency, machine, noisy
 from bench.report import Series, paired_ratio, ratio_cell, rotated, table
 from bench.scratch import DEFAULT_SERVER, Templates
 from bench.systems import Pgqueuer, Procrastinate, System, Taskfleet
 
-WORKLOADS = ("enqueue", "drain", "latency", "idle", "fairness", "convergence", "scale")
+WORKLOADS = (
+    "enqueue",
+    "drain",
+    "drain-backlog",
+    "latency",
+    "idle",
+    "fairness",
+    "noisy",
+    "http-submit",
+    "convergence",
+    "scale",
+)
 
 LABELS = {
     "taskfleet": "taskfleet (default: worker commits async)",
@@ -71,6 +82,17 @@ def _ratio_rows(
     return rows
 
 
+def _per_rep_ratios(series: dict[str, dict[str, Series]], columns: list[str]) -> str:
+    """Every repetition's taskfleet / pgqueuer ratio, in order (the table shows min-max)."""
+    if "taskfleet" not in series or "pgqueuer" not in series:
+        return ""
+    parts = []
+    for c in columns:
+        ratio = paired_ratio(series["taskfleet"][c], series["pgqueuer"][c])
+        parts.append(f"{c}: " + ", ".join(f"{x:.2f}x" for x in ratio.values))
+    return " Ratios taskfleet / pgqueuer per repetition: " + "; ".join(parts) + "."
+
+
 def _convergence_tables(text: str) -> str:
     """bench/convergence.py prints one JSON object per run: a table of its p50..max figures."""
     parts = []
@@ -95,6 +117,13 @@ def _convergence_tables(text: str) -> str:
     if not parts:
         return "```\n" + "\n".join(text.splitlines()[-40:]) + "\n```"
     return "\n\n".join(parts)
+
+
+def _extra_cell(items: list[fairness.Shares], key: str) -> str:
+    s = Series()
+    for item in items:
+        s.add(float(item.extra[key]) * 100)
+    return s.cell("{:.2f}%")
 
 
 class Bench:
@@ -160,8 +189,8 @@ class Bench:
 
     async def drain(self) -> None:
         a = self.args
-        systems = _systems()
-        configs = [(1, 10), (2, 10)]
+        systems = [x for x in _systems() if x.name in self.args.systems]
+        configs = list(a.drain_configs)
         cols = [f"{w} worker{'s' if w > 1 else ''} x {c}" for w, c in configs]
         series = {s.name: {c: Series() for c in cols} for s in systems}
         by_name = {s.name: s for s in systems}
@@ -183,14 +212,14 @@ class Bench:
             "Drain (tasks/s from first start to last finish, higher is better)",
             table(["system", *cols], rows),
             f"Tasks: {a.tasks:,} queued no-op tasks (procrastinate: {a.slow_drain_tasks:,}), "
-            "submitted in one statement once every worker listens.",
+            "submitted in one statement once every worker listens." + _per_rep_ratios(series, cols),
         )
 
     # -------------------------------------------------------------------------------------------
 
     async def latency(self) -> None:
         a = self.args
-        systems = _systems()
+        systems = [x for x in _systems() if x.name in self.args.systems]
         cols = ["p50", "p95", "p99", "max", "enqueue call p50"]
         series = {s.name: {c: Series() for c in cols} for s in systems}
         by_name = {s.name: s for s in systems}
@@ -216,7 +245,7 @@ class Bench:
             "Idle fleet of one worker (10 slots), 200 tasks submitted one at a time 20 ms apart "
             "through each system's Python enqueue path; both stamps are the database's now(). "
             "'enqueue call p50' is the submitter's median wall time per enqueue call (mostly "
-            "its commit), which every pickup includes.",
+            "its commit), which every pickup includes." + _per_rep_ratios(series, ["p50"]),
         )
 
     # -------------------------------------------------------------------------------------------
@@ -262,11 +291,15 @@ class Bench:
         weights: list[fairness.Shares] = []
         strict: list[fairness.Shares] = []
         strict_only = Series()
+        fleet: list[fairness.Shares] = []
+        slot_time: list[fairness.Shares] = []
         for rep in range(a.reps):
             _say(f"fairness rep {rep + 1}/{a.reps}")
             weights.append(await fairness.measure_weights(self.templates))
             strict.append(await fairness.measure_strict(self.templates))
             strict_only.add(await fairness.measure_strict_only(self.templates))
+            fleet.append(await fairness.measure_fleet(self.templates))
+            slot_time.append(await fairness.measure_slot_time(self.templates))
 
         def col(items: list[fairness.Shares], key: str, scale: float = 100) -> str:
             s = Series()
@@ -297,12 +330,25 @@ class Bench:
                 "~150 (3 slots / 20 ms)",
                 strict_only.cell("{:.1f}"),
             ],
+            [
+                "fleet of 2 + 5 + 10 slots, a:3 / b:1: a's share of starts",
+                "75.00%",
+                col(fleet, "a"),
+            ],
+            ["a:1 / b:1, a 10 ms, b 40 ms: a's share of starts", "50.00%", col(slot_time, "a")],
+            [
+                "... and a's share of busy slot time",
+                "(weights share starts)",
+                _extra_cell(slot_time, "slot_time_a"),
+            ],
         ]
         claims = statistics.median(w.claims for w in weights)
         self.results["fairness"] = {
             "weights": [asdict(w) for w in weights],
             "strict": [asdict(s) for s in strict],
             "strict_only_tasks_per_s": strict_only.values,
+            "fleet": [asdict(f) for f in fleet],
+            "slot_time": [asdict(f) for f in slot_time],
         }
         self.emit(
             "Fairness (taskfleet only; the peers have no weighted groups or strict-lane cap)",
@@ -311,10 +357,118 @@ class Bench:
             "tasks evenly over label a, label b and no label; shares of the claims made while "
             f"all three groups had pending work (median {claims:,.0f} claims). Strict: "
             "maxStrictPercentage 30, 900 strict and 2,100 normal demo.sleep(20 ms) tasks, "
-            "while both lanes had pending work; then 30 strict tasks alone.",
+            "while both lanes had pending work; then 30 strict tasks alone. Fleet: three worker "
+            "processes (2, 5 and 10 slots) started together on 40,000 tasks split over a and b, "
+            "the first 10,000 starts. Slot time: 400 + 400 demo.sleep tasks, one worker x 10, "
+            "while both groups had work.",
         )
 
     # -------------------------------------------------------------------------------------------
+
+    async def drain_backlog(self) -> None:
+        """The backlog queued before the workers start (taskfleet through POST /tasks/batch),
+        taskfleet against pgqueuer, interleaved pairs."""
+        a = self.args
+        systems = [Taskfleet(), Pgqueuer()]
+        col = "1 worker x 10"
+        series = {s.name: {col: Series()} for s in systems}
+        by_name = {s.name: s for s in systems}
+        for rep in range(a.reps):
+            for name in rotated(list(by_name), rep):
+                _say(f"drain-backlog rep {rep + 1}/{a.reps}: {name}, {a.tasks} tasks")
+                window = await backlog.measure_backlog_drain(
+                    self.templates, by_name[name], tasks=a.tasks, workers=1, concurrency=10
+                )
+                series[name][col].add(window.rate)
+        rows = [[LABELS[s.name], series[s.name][col].cell()] for s in systems]
+        ratio = paired_ratio(series["taskfleet"][col], series["pgqueuer"][col])
+        rows.append(["ratio taskfleet / pgqueuer", ratio_cell(ratio)])
+        self.results["drain-backlog"] = {n: v[col].values for n, v in series.items()}
+        self.emit(
+            "Drain of a backlog queued before the worker starts (tasks/s, higher is better)",
+            table(["system", col], rows),
+            f"{a.tasks:,} no-op tasks queued first (taskfleet: POST /tasks/batch, 1,000 a "
+            "request; pgqueuer: its batch enqueue), then one worker started; first start to "
+            "last finish, from each system's own timestamps. Values per repetition: "
+            + json.dumps({n: [round(x) for x in v[col].values] for n, v in series.items()}),
+        )
+
+    async def noisy(self) -> None:
+        a = self.args
+        configs = [(1, 10), (1, 100), (4, 10)]
+        results: dict[str, list[noisy.Noisy]] = {}
+        for rep in range(a.reps):
+            for workers, conc in configs:
+                label = f"{workers} worker{'s' if workers > 1 else ''} x {conc}"
+                _say(f"noisy rep {rep + 1}/{a.reps}: {label}")
+                result = await noisy.measure_noisy(
+                    self.templates,
+                    a_tasks=a.noisy_a_tasks,
+                    b_tasks=a.noisy_b_tasks,
+                    workers=workers,
+                    concurrency=conc,
+                )
+                _say(f"  {result}")
+                results.setdefault(label, []).append(result)
+        rows = []
+        for label, items in results.items():
+            mixed, alone, ratio, share = Series(), Series(), Series(), Series()
+            for item in items:
+                mixed.add(item.mixed_rate)
+                alone.add(item.alone_rate)
+                ratio.add(item.ratio)
+                share.add(item.b_share * 100)
+            rows.append(
+                [label, mixed.cell(), alone.cell(), ratio.cell("{:.2f}x"), share.cell("{:.1f}%")]
+            )
+        self.results["noisy"] = {k: [asdict(i) for i in v] for k, v in results.items()}
+        self.emit(
+            "Noisy neighbour (tasks/s started, higher is better)",
+            table(
+                [
+                    "fleet",
+                    "both groups have work",
+                    "a alone, right after",
+                    "ratio (target >= 0.8x)",
+                    "b's share (target 50% +- 2.5)",
+                ],
+                rows,
+            ),
+            f"{a.noisy_a_tasks:,} tasks labelled a queued before {a.noisy_b_tasks:,} labelled b, "
+            'config {"labelWeights": {"a": 1, "b": 1}}, then the workers; starts counted from '
+            "the database's started_at (python -m bench.noisy runs one).",
+        )
+
+    async def http_submit(self) -> None:
+        a = self.args
+        http, raw, ratio, cpu = Series(), Series(), Series(), Series()
+        for rep in range(a.reps):
+            _say(f"http-submit rep {rep + 1}/{a.reps}")
+            rates = await http_submit.measure(
+                self.templates, tasks=a.http_tasks, inflight=16, rep=rep
+            )
+            _say(f"  {rates} ratio {rates.ratio:.3f}")
+            http.add(rates.http)
+            raw.add(rates.raw)
+            ratio.add(rates.ratio)
+            cpu.add(rates.api_cpu_per_request * 1000)
+        self.results["http-submit"] = {
+            "http": http.values,
+            "raw": raw.values,
+            "ratio": ratio.values,
+            "api_cpu_ms_per_request": cpu.values,
+        }
+        self.emit(
+            "HTTP submission against raw INSERT + NOTIFY (16 in flight)",
+            table(
+                ["POST /tasks/s", "raw INSERT+NOTIFY/s", "ratio (target >= 0.4)", "API CPU ms/req"],
+                [[http.cell(), raw.cell(), ratio.cell("{:.2f}"), cpu.cell("{:.2f}")]],
+            ),
+            f"{a.http_tasks:,} tasks per path per repetition after a warm-up, one taskfleet api "
+            "process (auth, validation, metrics, NOTIFY); raw: one INSERT ... RETURNING with "
+            "pg_notify per autocommit statement over 16 asyncpg connections. Ratios per "
+            "repetition: " + ", ".join(f"{x:.3f}" for x in ratio.values),
+        )
 
     async def convergence(self) -> None:
         script = Path(__file__).with_name("convergence.py")
@@ -398,6 +552,9 @@ class Bench:
             runners: dict[str, Callable[[], Awaitable[None]]] = {
                 "enqueue": self.enqueue,
                 "drain": self.drain,
+                "drain-backlog": self.drain_backlog,
+                "noisy": self.noisy,
+                "http-submit": self.http_submit,
                 "latency": self.latency,
                 "idle": self.idle,
                 "fairness": self.fairness,
@@ -435,7 +592,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--enqueue-tasks", type=int, default=20_000, help="batched enqueue")
     parser.add_argument("--enqueue-single-tasks", type=int, default=2_000)
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="per window")
+    parser.add_argument("--noisy-a-tasks", type=int, default=1_000_000)
+    parser.add_argument("--noisy-b-tasks", type=int, default=10_000)
+    parser.add_argument("--http-tasks", type=int, default=4_000, help="http-submit, per path")
     parser.add_argument("--convergence-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--systems",
+        default="taskfleet,taskfleet-sync,pgqueuer,procrastinate",
+        help="drain and latency: which systems (default all four)",
+    )
+    parser.add_argument(
+        "--drain-configs",
+        default="1x10,2x10",
+        help="drain: worker processes x slots, comma-separated (default 1x10,2x10)",
+    )
     parser.add_argument("--json", help="also write every raw value to this file")
     parser.add_argument("--database-url", default=DEFAULT_SERVER)
     args = parser.parse_args(argv)
@@ -446,6 +616,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.reps < 1:
         parser.error("--reps must be at least 1")
     args.only = only
+    args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
+    args.drain_configs = [
+        (int(w), int(c)) for w, c in (x.split("x") for x in args.drain_configs.split(","))
+    ]
     return args
 
 

@@ -18,7 +18,8 @@ import asyncpg
 
 from bench import processes
 from bench.peer_worker import NOOP
-from taskfleet.shared import db, migrations, queries
+from taskfleet.shared import db, migrations, protocol, queries
+from taskfleet.shared.policy.lanes import lane_for_priority
 
 #: Bound on waiting for workers to say they are ready.
 READY_TIMEOUT = 60.0
@@ -101,7 +102,8 @@ def taskfleet_insert_params(
         "run_ats": [None] * n,
         "timeouts": [None] * n,
         "unique_keys": [None] * n,
-        "wake_hint": "",
+        # As the API and the enqueue paths send it: the lane the tasks are in.
+        "wake_hint": protocol.wake_hint([lane_for_priority(priority).value]),
     }
 
 

@@ -77,6 +77,12 @@ _ALIVE = (
     " AND w.last_heartbeat > now() - 3 * w.heartbeat_interval * interval '1 second')"
 )
 
+# The grouping in force: the latest configured label set (one row; task_groupings always has
+# version 0, the empty set).
+_GROUPING_LATEST = """
+    SELECT g.version, g.labels FROM taskfleet.task_groupings g ORDER BY g.version DESC LIMIT 1
+"""
+
 # --------------------------------------------------------------------------------------------
 # Tasks: submission and queries (API)
 # --------------------------------------------------------------------------------------------
@@ -88,7 +94,8 @@ task_insert_batch = _query(
     -- The submitted tasks in order, each with its id drawn up front so the result can be
     -- returned in submission order and deduplicated rows told apart from inserted ones.
     input AS (
-        SELECT nextval(pg_get_serial_sequence('taskfleet.tasks', 'id')) AS id, i.*
+        SELECT nextval(pg_get_serial_sequence('taskfleet.tasks', 'id')) AS id, i.*,
+               ARRAY(SELECT jsonb_array_elements_text(CAST(i.labels AS jsonb))) AS label_array
         FROM unnest(
             CAST(:types AS text[]), CAST(:payloads AS text[]), CAST(:priorities AS int[]),
             CAST(:weights AS int[]), CAST(:labels AS text[]), CAST(:max_attempts AS int[]),
@@ -97,18 +104,21 @@ task_insert_batch = _query(
         ) WITH ORDINALITY AS i(type, payload, priority, weight, labels, max_attempts,
                                 delay, run_at, timeout, unique_key, ord)
     ),
+    -- The current grouping (configured label set), read once per statement: each row's group
+    -- key is computed here by the one rule, taskfleet.task_group_key.
+    grouping_now AS ({_GROUPING_LATEST}),
     -- A unique_key that matches an unfinished task inserts nothing.
     inserted AS (
         INSERT INTO taskfleet.tasks AS t
             (id, type, payload, priority, weight, labels, max_attempts, run_after, timeout,
-             unique_key)
-        SELECT id, type, CAST(payload AS jsonb), priority, weight,
-               ARRAY(SELECT jsonb_array_elements_text(CAST(labels AS jsonb))),
-               max_attempts,
-               COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))),
-               timeout, unique_key
-        FROM input
-        ORDER BY ord
+             unique_key, group_key)
+        SELECT input.id, input.type, CAST(input.payload AS jsonb), input.priority,
+               input.weight, input.label_array, input.max_attempts,
+               COALESCE(input.run_at, now() + make_interval(secs => COALESCE(input.delay, 0))),
+               input.timeout, input.unique_key,
+               taskfleet.task_group_key(input.label_array, grouping_now.labels)
+        FROM input CROSS JOIN grouping_now
+        ORDER BY input.ord
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
         DO NOTHING
         RETURNING {_TASK_COLUMNS}
@@ -200,9 +210,10 @@ task_queue_stats = _query(
     FROM (
         SELECT CASE WHEN t.priority >= {CONTROL_PRIORITY} THEN 'control'
                     WHEN t.priority > 0 THEN 'strict' ELSE 'normal' END AS lane,
+               -- The stored key ('' = default); a row not yet re-grouped after a change of
+               -- the configured labels is counted where a claim would find it.
                CASE WHEN t.priority = 0 THEN
-                    COALESCE((SELECT min(l COLLATE "C") FROM unnest(t.labels) AS l
-                              WHERE l = ANY(CAST(:configured AS text[]))), 'default')
+                    CASE WHEN t.group_key = '' THEN 'default' ELSE t.group_key END
                END AS grp,
                t.run_after
         FROM taskfleet.tasks t
@@ -266,31 +277,63 @@ task_claim = _query(
         LIMIT CAST(:strict_limit AS int)
         FOR UPDATE SKIP LOCKED
     ),
-    -- Normal-lane quotas from the worker's weighted rotation: one row per group (NULL is the
-    -- default group), with the configured labels that sort before the group's own label: a task
-    -- belongs to its smallest configured label, so it must carry none of those.
+    -- Normal-lane quotas from the worker's weighted rotation: one row per group, its key as
+    -- stored in tasks.group_key (NULL, the default group, is '').
     quota AS (
-        SELECT q.grp, q.n,
-               ARRAY(SELECT c FROM unnest(CAST(:configured AS text[])) AS c
-                     WHERE c COLLATE "C" < q.grp COLLATE "C") AS smaller
+        SELECT COALESCE(q.grp, '') AS grp, q.n
         FROM unnest(CAST(:group_keys AS text[]), CAST(:group_limits AS int[])) AS q(grp, n)
         WHERE q.n > 0
     ),
-    -- Normal lane: per group, its quota of tasks in (weight DESC, created_at, id) order.
+    -- Normal lane: per group, its quota of tasks in (weight DESC, created_at, id) order: an
+    -- index range of the group's own rows, whatever the other groups hold.
     normal AS (
-        SELECT picked.id
+        SELECT quota.grp, picked.id
         FROM quota
         CROSS JOIN LATERAL (
             SELECT t.id FROM taskfleet.tasks t
-            WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
-              AND CASE WHEN quota.grp IS NULL
-                       THEN NOT (t.labels && CAST(:configured AS text[]))
-                       ELSE t.labels @> ARRAY[quota.grp] AND NOT (t.labels && quota.smaller)
-                  END
+            WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = quota.grp
+              AND t.run_after <= now()
             ORDER BY t.weight DESC, t.created_at, t.id
             LIMIT quota.n
             FOR UPDATE OF t SKIP LOCKED
         ) AS picked
+    ),
+    -- A group that came back short: were rows skipped because another worker holds them
+    -- (contended: ask again soon) or is it empty (dry until a hint)? One index probe for the
+    -- first ready row this claim did not take, only for a short group (CASE evaluates lazily).
+    contended AS (
+        SELECT COALESCE(array_agg(s.grp), ARRAY[]::text[]) AS groups
+        FROM (
+            SELECT quota.grp, quota.n,
+                   (SELECT count(*) FROM normal WHERE normal.grp = quota.grp) AS got
+            FROM quota
+        ) AS s
+        -- CASE, not AND: the planner may order AND's operands by cost; CASE probes only a
+        -- group that really came back short.
+        WHERE CASE WHEN s.got < s.n THEN (
+            SELECT t.id FROM taskfleet.tasks t
+            WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = s.grp
+              AND t.run_after <= now()
+              AND t.id <> ALL(ARRAY(SELECT normal.id FROM normal WHERE normal.grp = s.grp))
+            ORDER BY t.weight DESC, t.created_at, t.id
+            LIMIT 1
+        ) IS NOT NULL ELSE false END
+    ),
+    -- The strict lane's one probe, "the first ready strict row this claim did not take", asked
+    -- when the cap is full (is strict work waiting?) or when the lane came back short (was it
+    -- contention?): one subquery for both questions (each reference to the table costs planning
+    -- time on every claim).
+    strict_probe AS (
+        SELECT (SELECT count(*) FROM strict) AS got,
+               CASE WHEN CAST(:probe_strict AS boolean)
+                         OR CAST(:strict_limit AS int) > (SELECT count(*) FROM strict) THEN (
+                   SELECT t.id FROM taskfleet.tasks t
+                   WHERE t.status = 'pending' AND t.priority > 0
+                     AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
+                     AND t.id <> ALL(ARRAY(SELECT id FROM strict))
+                   ORDER BY t.priority DESC, t.created_at, t.id
+                   LIMIT 1
+               ) IS NOT NULL ELSE false END AS found
     ),
     -- Lanes this claim did not ask of: is ready work waiting there? (Index probes, no locks.)
     -- strict: the cap is full (the saturation counter); normal: every slot went to the strict
@@ -299,19 +342,16 @@ task_claim = _query(
         -- Written as "the first row in claim order, LIMIT 1", not EXISTS: an EXISTS without an
         -- index condition was planned as a sequential scan of the whole table (175 ms at 1M
         -- rows); ordering by the claim index's own key keeps it a one-row index probe.
-        SELECT CAST(:probe_strict AS boolean) AND (
-                   SELECT t.id FROM taskfleet.tasks t
-                   WHERE t.status = 'pending' AND t.priority > 0
-                     AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
-                   ORDER BY t.priority DESC, t.created_at, t.id
-                   LIMIT 1
-               ) IS NOT NULL AS strict_waiting,
+        SELECT CAST(:probe_strict AS boolean) AND strict_probe.found AS strict_waiting,
+               CAST(:strict_limit AS int) > strict_probe.got AND strict_probe.found
+                   AS strict_contended,
                CAST(:probe_normal AS boolean) AND (
                    SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
-                   ORDER BY t.weight DESC, t.created_at, t.id
+                   ORDER BY t.group_key, t.weight DESC, t.created_at, t.id
                    LIMIT 1
                ) IS NOT NULL AS normal_waiting
+        FROM strict_probe
     ),
     -- Take them all: running, leased, attempt counted.
     claimed AS (
@@ -326,7 +366,7 @@ task_claim = _query(
         WHERE t.id = ANY(ARRAY(SELECT id FROM control UNION ALL SELECT id FROM strict
                                UNION ALL SELECT id FROM normal))
         RETURNING t.id, t.type, t.payload, t.priority, t.weight, t.labels, t.attempts,
-                  t.max_attempts, t.timeout, t.cancel_requested,
+                  t.max_attempts, t.timeout, t.cancel_requested, t.group_key,
                   CAST(EXTRACT(EPOCH FROM now() - GREATEST(t.created_at, t.run_after))
                        AS float8) AS wait_seconds
     )
@@ -334,8 +374,9 @@ task_claim = _query(
     -- nothing was claimed.
     SELECT waiting.strict_waiting, waiting.normal_waiting,
            ARRAY(SELECT finished.id FROM finished) AS finished_ids,
+           contended.groups AS contended_groups, waiting.strict_contended,
            claimed.*
-    FROM waiting LEFT JOIN claimed ON true
+    FROM waiting CROSS JOIN contended LEFT JOIN claimed ON true
     """,
 )
 
@@ -367,6 +408,20 @@ task_release = _query(
     """,
 )
 
+task_regroup_step = _query(
+    "task_regroup_step",
+    """
+    -- One bounded step of re-grouping pending rows after a change of the configured label set
+    -- (the database function holds the rule and the walk; see migration 0003_group_key).
+    SELECT s.state, s.scanned, s.moved FROM taskfleet.task_regroup_step(CAST(:batch AS int)) AS s
+    """,
+)
+
+# How many rows the lease sweep walks per tick as the re-grouping safety net (the config writer
+# does the bulk right after a change; this finishes what a writer that died or ran out of time
+# left).
+SWEEP_REGROUP_BATCH = 2000
+
 # --------------------------------------------------------------------------------------------
 # Workers
 # --------------------------------------------------------------------------------------------
@@ -393,7 +448,7 @@ worker_register = _query(
 
 worker_tick = _query(
     "worker_tick",
-    """
+    f"""
     WITH
     -- Heartbeat: the worker row.
     heartbeat AS (
@@ -441,6 +496,13 @@ worker_tick = _query(
         FROM expired
         WHERE t.id = expired.id
         RETURNING t.id, t.status
+    ),
+    -- The re-grouping safety net rides on the sweep: one bounded step, when a change of the
+    -- configured labels is not settled yet (a settled one costs one index probe).
+    regroup AS (
+        SELECT s.state, s.moved
+        FROM (SELECT 1 FROM sweep_lock WHERE sweep_lock.held) AS due
+        CROSS JOIN LATERAL taskfleet.task_regroup_step({SWEEP_REGROUP_BATCH}) AS s
     )
     SELECT 'cancel' AS kind, leases.id AS id, NULL AS status FROM leases
         WHERE leases.cancel_requested
@@ -455,8 +517,10 @@ worker_tick = _query(
         ORDER BY c.priority DESC, c.created_at, c.id LIMIT 1) AS t
     UNION ALL SELECT 'wake', NULL, pg_notify('taskfleet_task_ready', '')::text
         FROM (SELECT 1 FROM rescued WHERE rescued.status = 'pending' LIMIT 1) AS any_rescued
+    UNION ALL SELECT 'regroup', regroup.moved, regroup.state FROM regroup
     """,
 )
+
 
 worker_set_status = _query(
     "worker_set_status",

@@ -72,6 +72,10 @@ tasks = Table(
     Column("last_error", Text, nullable=True),
     Column("unique_key", Text, nullable=True),
     Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
+    # The task's normal-lane group ('' = the default group) under the configured labels in force
+    # when it was written: by the insert query, else by a trigger applying
+    # taskfleet.task_group_key(); re-computed by taskfleet.task_regroup_step() after a change.
+    Column("group_key", Text, nullable=False),
     CheckConstraint(_in("status", TaskStatus), name="tasks_status_valid"),
     CheckConstraint("priority >= 0", name="tasks_priority_nonnegative"),
     CheckConstraint("weight >= 1", name="tasks_weight_positive"),
@@ -86,12 +90,22 @@ tasks = Table(
         "id",
         postgresql_where=text("status = 'pending' AND priority > 0"),
     ),
+    # The normal lane per group: a group's claim is a range of exactly its own rows.
     Index(
         "tasks_claim_normal_idx",
+        "group_key",
         text("weight DESC"),
         "created_at",
         "id",
         postgresql_where=text("status = 'pending' AND priority = 0"),
+    ),
+    # Re-grouping walks labelled pending rows group by group (unlabelled rows are always in the
+    # default group, whatever is configured).
+    Index(
+        "tasks_group_labelled_idx",
+        "group_key",
+        "id",
+        postgresql_where=text("status = 'pending' AND priority = 0 AND labels <> '{}'"),
     ),
     # Lease sweep and heartbeat.
     Index(
@@ -144,4 +158,19 @@ worker_runtime_configs = Table(
     Column("request_id", Text, nullable=False, unique=True),
     Column("payload", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# The configured label sets, one row per change of the set, keyed by the runtime-config version
+# that introduced it (kept by a trigger on worker_runtime_configs; see migration 0003_group_key).
+task_groupings = Table(
+    "task_groupings",
+    metadata,
+    Column("version", BigInteger, primary_key=True, autoincrement=False),
+    Column("labels", ARRAY(Text), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Re-grouping after this change is complete; until then, its progress.
+    Column("settled", Boolean, nullable=False, server_default=text("false")),
+    Column("waits_for", ARRAY(Text), nullable=True),
+    Column("cursor_key", Text, nullable=True),
+    Column("cursor_id", BigInteger, nullable=True),
 )

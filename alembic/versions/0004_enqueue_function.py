@@ -8,7 +8,7 @@ wake-up NOTIFY (delivered at commit). Validating the payload against a handler's
 the Python handler, so it stays with the HTTP API and the Python enqueue functions.
 
 Revision ID: 0004_enqueue_function
-Revises: 0001
+Revises: 0003_group_key
 Create Date: 2026-12-01
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0004_enqueue_function"
-down_revision: str | None = "0001"
+down_revision: str | None = "0003_group_key"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

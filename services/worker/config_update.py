@@ -19,6 +19,7 @@ import asyncpg
 from taskfleet.shared import db, protocol, queries
 from taskfleet.shared.policy.runtime_config import RuntimeConfigError, normalise_runtime_config
 from taskfleet.shared.registry import PermanentError
+from taskfleet.worker.regroup import finish_regrouping, start_regrouping
 
 if TYPE_CHECKING:
     from taskfleet.worker.worker import Worker
@@ -56,6 +57,7 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
             log.warning("ignored malformed ACK: %r", raw[:200])
 
     conn = await db.connect(settings.listen_url, application_name="taskfleet-config-writer")
+    regrouping: asyncio.Task[None] | None = None
     try:
         if settings.listen_enabled:
             # ACKs only shorten the wait; with LISTEN disabled the loop simply polls.
@@ -72,6 +74,7 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
         await _fetch(conn, queries.notify, channel=protocol.CONFIG_CHANNEL, payload=up_config)
         # This worker applies it at once too, not at its own next notification or tick.
         worker.request_config_refresh()
+        regrouping = start_regrouping(settings.database_url)
         last_notify = time.monotonic()
         while True:
             acked.clear()
@@ -111,3 +114,5 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
             await asyncio.wait_for(conn.close(), 5)
         if not conn.is_closed():
             conn.terminate()
+        if regrouping is not None:
+            await finish_regrouping(regrouping)

@@ -140,6 +140,8 @@ class Worker:
         self._flushing = False
         self._slot_freed = asyncio.Event()
         self._work_hint = asyncio.Event()
+        #: Every wake-up since the claim loop last slept named its lanes (notifications).
+        self._named_lanes_only = False
         self._control_hint = False
         #: The last claim's probe saw strict work that only the strict cap held back.
         self._strict_held_back = False
@@ -368,7 +370,12 @@ class Worker:
                 await self._wait_any(*events, timeout=self.settings.poll_interval)
                 self._claim_pending = True
                 self._work_hint.clear()
-                self.planner.reset_dry()
+                if self._named_lanes_only:
+                    # A wake-up that named its lanes already made them claimable: trying the
+                    # others again would cost a claim per pickup (strict first, then normal).
+                    self._named_lanes_only = False
+                else:
+                    self.planner.reset_dry()
                 self._last_dry_reset = self.clock()
                 continue
             generation = self._hint_generation
@@ -382,7 +389,6 @@ class Worker:
                     **self._finish_params(outcomes),
                     control_limit=plan.control,
                     strict_limit=plan.strict,
-                    configured=self.planner.configured_labels,
                     group_keys=plan.group_keys,
                     group_limits=plan.group_limits,
                     probe_strict=plan.probe_strict,
@@ -414,11 +420,16 @@ class Worker:
                     self.metrics.strict_saturation.inc()
             elif plan.strict:
                 self._strict_held_back = False
-            if generation == self._hint_generation:
-                # Only trust a shortfall if no new work was announced meanwhile.
-                self.planner.observe(
-                    plan, claimed, normal_waiting=bool(rows and rows[0]["normal_waiting"])
-                )
+            # Charged for what it got; a shortfall is trusted only if no new work was announced
+            # meanwhile, and one caused by another worker's locks (contended) is not dryness.
+            self.planner.observe(
+                plan,
+                claimed,
+                normal_waiting=bool(rows and rows[0]["normal_waiting"]),
+                contended=[g or None for g in rows[0]["contended_groups"]] if rows else (),
+                strict_contended=bool(rows and rows[0]["strict_contended"]),
+                shortfall_trusted=generation == self._hint_generation,
+            )
             self._publish_inflight()
 
     def _enter_wait(self) -> None:
@@ -453,7 +464,7 @@ class Worker:
                 w.cancel()
 
     def _start(self, row: asyncpg.Record) -> Running:
-        lane, group = self.planner.classify(row["priority"], list(row["labels"]))
+        lane, group = self.planner.classify(row["priority"], list(row["labels"]), row["group_key"])
         running = Running(
             id=row["id"],
             type=row["type"],
@@ -645,6 +656,7 @@ class Worker:
 
     def _work_hint_local(self) -> None:
         self._hint_generation += 1
+        self._named_lanes_only = False  # this wake-up names no lane: try them all
         self._work_hint.set()
 
     # ----------------------------------------------------------------------------------------
@@ -719,6 +731,10 @@ class Worker:
                 self._control_event.set()
             self._hint_generation += 1
             self.planner.reset_dry(message.lanes)
+            # Only while nothing else woke the loop (a general wake-up resets every lane).
+            self._named_lanes_only = message.lanes is not None and (
+                self._named_lanes_only or not self._work_hint.is_set()
+            )
             self._work_hint.set()
         elif isinstance(message, protocol.ConfigUpdated):
             if message.version > self.applied_version:

@@ -30,6 +30,8 @@ class ClaimPlan:
     probe_strict: bool = False
     #: Ask whether normal-lane work is waiting (no slot went to the normal lane).
     probe_normal: bool = False
+    #: The groups the rotation chose among (not dry): charging replays the picks among them.
+    eligible: tuple[GroupKey, ...] = ()
 
     @property
     def normal(self) -> int:
@@ -106,7 +108,8 @@ class ClaimPlanner:
         eligible = [g for g in self._rotation.groups if g not in self._dry_groups]
         groups: tuple[tuple[GroupKey, int], ...] = ()
         if normal_slots > 0 and eligible:
-            quotas = self._rotation.take(normal_slots, eligible)
+            # Asked, not charged: observe() charges the rotation for what the claim got.
+            quotas = self._rotation.preview(normal_slots, eligible)
             groups = tuple((g, quotas[g]) for g in self._rotation.groups if g in quotas)
         probe_normal = free > 0 and not groups and bool(eligible)
         return ClaimPlan(
@@ -115,6 +118,7 @@ class ClaimPlanner:
             groups=groups,
             probe_strict=probe,
             probe_normal=probe_normal,
+            eligible=tuple(eligible) if groups else (),
         )
 
     def observe(
@@ -123,22 +127,46 @@ class ClaimPlanner:
         claimed: Mapping[tuple[Lane, GroupKey], int],
         *,
         normal_waiting: bool | None = None,
+        contended: Iterable[GroupKey] = (),
+        strict_contended: bool = False,
+        shortfall_trusted: bool = True,
     ) -> None:
-        """Record what a claim returned: whatever came back short is dry. ``normal_waiting``
-        is the answer to ``plan.probe_normal``: False makes the whole normal lane dry."""
+        """Record what a claim returned.
+
+        The rotation is charged for the normal-lane tasks each group got (not for what it was
+        asked). Whatever came back short is *dry*, unless the database said the shortfall was
+        contention (``contended`` groups, ``strict_contended``: ready rows existed that another
+        worker held, so asking again soon may find more) or new work was announced meanwhile
+        (``shortfall_trusted`` False). ``normal_waiting`` answers ``plan.probe_normal``: False
+        makes the whole normal lane dry.
+        """
+        got = {g: claimed.get((Lane.NORMAL, g), 0) for g, _ in plan.groups}
+        busy = frozenset(contended)
+        self._rotation.charge(
+            got, asked=dict(plan.groups), eligible=plan.eligible or None, contended=busy
+        )
+        if not shortfall_trusted:
+            return
         if plan.probe_normal and normal_waiting is False:
             self._dry_groups.update(self._rotation.groups)
         if plan.control and claimed.get((Lane.CONTROL, None), 0) < plan.control:
             self._dry_control = True
-        if plan.strict and claimed.get((Lane.STRICT, None), 0) < plan.strict:
+        strict_short = claimed.get((Lane.STRICT, None), 0) < plan.strict
+        if plan.strict and strict_short and not strict_contended:
             self._dry_strict = True
         for group, asked in plan.groups:
-            if claimed.get((Lane.NORMAL, group), 0) < asked:
+            if claimed.get((Lane.NORMAL, group), 0) < asked and group not in busy:
                 self._dry_groups.add(group)
 
-    def classify(self, priority: int, labels: list[str]) -> tuple[Lane, GroupKey]:
-        """The lane and (normal lane only) group of a claimed task."""
+    def classify(
+        self, priority: int, labels: list[str], group_key: str | None = None
+    ) -> tuple[Lane, GroupKey]:
+        """The lane and (normal lane only) group of a claimed task: its stored ``group_key``
+        when the claim returned one ('' is the default group; it is the group whose quota the
+        task was claimed under), else the rule applied to its labels."""
         lane = lane_for_priority(priority)
         if lane is not Lane.NORMAL:
             return lane, None
+        if group_key is not None:
+            return lane, group_key or None
         return lane, group_for_labels(labels, self._configured)

@@ -82,6 +82,56 @@ class SmoothWeightedRoundRobin:
             quotas[key] = quotas.get(key, 0) + 1
         return quotas
 
+    def preview(self, n: int, eligible: Iterable[GroupKey] | None = None) -> dict[GroupKey, int]:
+        """What :meth:`take` would return, without moving the rotation: a claim asks for these
+        quotas, and :meth:`charge` then records what it really got."""
+        saved = dict(self._score)
+        try:
+            return self.take(n, eligible)
+        finally:
+            self._score = saved
+
+    def charge(
+        self,
+        got: Mapping[GroupKey, int],
+        *,
+        asked: Mapping[GroupKey, int] | None = None,
+        eligible: Iterable[GroupKey] | None = None,
+        contended: Iterable[GroupKey] = (),
+    ) -> None:
+        """Move the rotation by what a claim got, not by what it asked.
+
+        The claim's picks are replayed, one per task it got, each going to the best-scored group
+        that still has a task to account for. Every group the claim chose among (``eligible``)
+        keeps earning its weight on each pick, except one that came back short with nothing
+        more to give (found empty), which stops once its tasks are accounted for. A group that
+        came back short only because another worker held its rows (``contended``) keeps
+        earning, so it is owed the difference and asked for more next time. A claim that got
+        all it asked moves the rotation exactly as :meth:`take` would.
+        """
+        left = {key: count for key, count in got.items() if count > 0 and key in self._score}
+        wanted = asked if asked is not None else got
+        busy = frozenset(contended)
+        members = set(self._order) if eligible is None else set(eligible) & set(self._order)
+        members |= set(left)
+        # Short and not contended: earns only while it still has tasks to account for.
+        fading = {k for k in members if got.get(k, 0) < wanted.get(k, 0) and k not in busy}
+        while left:
+            earning = [k for k in self._order if k in members and (k in left or k not in fading)]
+            total = 0
+            best: GroupKey = None
+            best_score: int | None = None
+            for key in earning:
+                weight = self.weights[key]
+                total += weight
+                self._score[key] += weight
+                if key in left and (best_score is None or self._score[key] > best_score):
+                    best, best_score = key, self._score[key]
+            self._score[best] -= total
+            left[best] -= 1
+            if left[best] == 0:
+                del left[best]
+
 
 def group_weights(label_weights: Mapping[str, int], default_weight: int) -> dict[GroupKey, int]:
     """The rotation's weights: every configured label plus the default group."""

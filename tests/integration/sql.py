@@ -6,6 +6,7 @@ Tests seed and inspect rows with plain SQL (allowed in tests); everything under 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from taskfleet.shared import db
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.groups import GroupKey
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
+from taskfleet.shared.policy.runtime_config import normalise_runtime_config
 
 LEASE_TTL = 30.0
 
@@ -115,6 +117,31 @@ class Claim:
         return [r["id"] for r in self.rows]
 
 
+async def ensure_grouping(conn: asyncpg.Connection, configured: Sequence[str]) -> None:
+    """Make ``configured`` the configured label set, as the fleet does: a runtime-config version
+    with those labels (weight 1), then every pending row re-grouped. A no-op when it already is
+    (the default: no configured label)."""
+    current = await conn.fetchval(
+        "SELECT labels FROM taskfleet.task_groupings ORDER BY version DESC LIMIT 1"
+    )
+    if sorted(current) == sorted(set(configured)):
+        return
+    config = normalise_runtime_config({"labelWeights": dict.fromkeys(configured, 1)})
+    await run(
+        conn,
+        q.runtime_config_insert,
+        request_id=config.request_id,
+        payload=db.dumps(config.to_payload()),
+    )
+    for _ in range(10_000):
+        (step,) = await run(conn, q.task_regroup_step, batch=1000)
+        if step["state"] == "settled":
+            return
+        if step["state"] != "regrouping":
+            await asyncio.sleep(0.01)
+    raise AssertionError("re-grouping did not settle")
+
+
 async def claim(
     conn: asyncpg.Connection,
     *,
@@ -129,13 +156,13 @@ async def claim(
     outcomes: Sequence[Outcome] = (),
     error: str | None = None,
 ) -> Claim:
+    await ensure_grouping(conn, configured)
     rows = await run(
         conn,
         q.task_claim,
         **outcome_params(outcomes, error=error),
         control_limit=control,
         strict_limit=strict,
-        configured=list(configured),
         group_keys=[g for g, _ in groups],
         group_limits=[n for _, n in groups],
         probe_strict=probe_strict,

@@ -48,3 +48,35 @@ async def test_wire_counter_counts_each_statement(pg_server_url: str) -> None:
             await conn.close()
     finally:
         await counter.close()
+
+
+async def test_noisy_neighbour_harness_measures_both_phases(pg_server_url: str) -> None:
+    from bench.noisy import measure_noisy
+
+    templates = Templates(pg_server_url)
+    try:
+        result = await measure_noisy(
+            templates, a_tasks=3000, b_tasks=200, workers=1, concurrency=10, timeout=120
+        )
+    finally:
+        await templates.close()
+    # b's 200 tasks all started within the mixed phase, about half of it by the 1:1 weights.
+    assert result.mixed_starts >= 200
+    assert 0.3 < result.b_share <= 1.0
+    assert result.mixed_rate > 0 and result.alone_rate > 0
+
+
+async def test_http_submit_and_backlog_harnesses_run(pg_server_url: str) -> None:
+    from bench.backlog import measure_backlog_drain
+    from bench.http_submit import measure
+
+    templates = Templates(pg_server_url)
+    try:
+        rates = await measure(templates, tasks=50, inflight=4, rep=0)
+        window = await measure_backlog_drain(
+            templates, Taskfleet(), tasks=200, workers=1, concurrency=10, timeout=120
+        )
+    finally:
+        await templates.close()
+    assert rates.http > 0 and rates.raw > 0 and rates.api_cpu_per_request > 0
+    assert window.completed == 200

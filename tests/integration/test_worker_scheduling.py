@@ -9,7 +9,7 @@ import asyncio
 import time
 from typing import Any
 
-from taskfleet.shared import queries
+from taskfleet.shared import protocol, queries
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
 from taskfleet.worker.worker import Worker
 from tests.integration import workerkit as kit
@@ -136,7 +136,11 @@ async def test_the_strict_cap_limits_strict_tasks_and_normal_tasks_fill_the_rest
             assert worker.planner.strict_cap == 2
             await kit.wait_until(lambda: worker.inflight == 4, "all four slots busy")
             assert worker.strict_inflight == 2
-            assert strict_gate.running["s"] == 2 and normal_gate.running["n"] == 2
+            # Claimed is not yet running: each handler enters its gate when its coroutine runs.
+            await kit.wait_until(
+                lambda: strict_gate.running["s"] == 2 and normal_gate.running["n"] == 2,
+                "two strict and two normal handlers running",
+            )
 
             # Normal work flows through the two normal slots; strict stays at its cap.
             normal_gate.open.set()
@@ -274,3 +278,28 @@ async def test_a_strict_backlog_behind_the_cap_is_claimed_as_slots_free_not_per_
             ids = await kit.submit(conn, "demo.echo", [{"value": i} for i in range(20)], priority=5)
             rows = await kit.wait_tasks(conn, ids, ["completed"], timeout=20)
             assert len(rows) == 20
+
+
+async def test_a_wake_up_naming_the_normal_lane_claims_its_task_in_one_round_trip(
+    database_url: str,
+) -> None:
+    """The API names the lanes it put work in; an idle worker claims from those at once, not
+    from the strict lane first (which a cap of 100% would give every slot), then the normal."""
+    slow: dict[str, Any] = {
+        "poll_interval": 30.0,
+        "heartbeat_interval": 10.0,
+        "lease_ttl": 60.0,
+        "runtime_config_poll_interval": 30.0,
+        "sweep_interval": 30.0,
+    }
+    async with (
+        kit.connect(database_url) as conn,
+        kit.running_worker(database_url, **slow) as worker,
+    ):
+        await kit.wait_until(lambda: kit.claim_queries(worker)[1] >= 1, "the first empty claim")
+        claimed, empty = kit.claim_queries(worker)
+        (task_id,) = await kit.submit(
+            conn, "demo.echo", [{"value": 1}], wake_hint=protocol.wake_hint(["normal"])
+        )
+        assert (await kit.wait_task(conn, task_id, timeout=5.0))["status"] == "completed"
+        assert kit.claim_queries(worker) == (claimed + 1, empty)

@@ -202,6 +202,7 @@ def test_reset_dry_brings_groups_back() -> None:
     keys = set()
     for _ in range(7):
         p = planner.plan(free_slots=1, strict_inflight=0, control_free=False)
+        planner.observe(p, _claimed_all(p))  # the rotation moves by what claims got
         keys.update(p.group_keys)
     assert keys == {"a", "b", None}
 
@@ -335,3 +336,112 @@ def test_classify_follows_the_applied_config() -> None:
     planner = ClaimPlanner(4, _config(label_weights={"a": 5, "b": 1}))
     planner.apply(_config(label_weights={"b": 1}))
     assert planner.classify(0, ["a", "b"]) == (Lane.NORMAL, "b")
+
+
+# --------------------------------------------------------------------------------------------
+# Honest accounting: charged for what a claim got; contention is not dryness
+# --------------------------------------------------------------------------------------------
+
+
+def _run_with_losses(
+    rounds: int, lose_every: dict[GroupKey, int], *, report_contention: bool
+) -> Counter[GroupKey]:
+    """A saturated worker whose claims for some groups lose every n-th row to another worker
+    (SKIP LOCKED); the claim says so (``contended``) when ``report_contention``."""
+    planner = ClaimPlanner(10, _config(pct=0, label_weights={"a": 3, "b": 1}))
+    got_total: Counter[GroupKey] = Counter()
+    asks: Counter[GroupKey] = Counter()
+    for r in range(rounds):
+        plan = planner.plan(free_slots=1 + r % 10, strict_inflight=0, control_free=False)
+        claimed: dict[tuple[Lane, GroupKey], int] = {}
+        short = []
+        for group, n in plan.groups:
+            got = 0
+            for _ in range(n):
+                asks[group] += 1
+                every = lose_every.get(group)
+                if every and asks[group] % every == 0:
+                    continue  # another worker held this row
+                got += 1
+            claimed[(Lane.NORMAL, group)] = got
+            if got < n:
+                short.append(group)
+        planner.observe(plan, claimed, contended=short if report_contention else ())
+        got_total.update({g: n for (_, g), n in claimed.items()})
+        if not report_contention:
+            planner.reset_dry()  # as a wake-up would: every group has work
+    return got_total
+
+
+def test_a_group_losing_races_still_gets_its_weight_share() -> None:
+    # Group a loses 2 of every 5 rows it asks for; it is charged for what it got, owed the rest.
+    got = _run_with_losses(3000, {"a": 5, None: 7}, report_contention=True)
+    total = sum(got.values())
+    assert abs(got["a"] / total - 3 / 5) < 0.01
+    assert abs(got["b"] / total - 1 / 5) < 0.01
+    assert abs(got[None] / total - 1 / 5) < 0.01
+
+
+def test_charging_for_what_was_asked_would_lose_the_share() -> None:
+    """The same run, charged for what was asked (the old accounting): a falls well short. Shows
+    the test above can fail."""
+    planner = ClaimPlanner(10, _config(pct=0, label_weights={"a": 3, "b": 1}))
+    got_total: Counter[GroupKey] = Counter()
+    for r in range(3000):
+        plan = planner.plan(free_slots=1 + r % 10, strict_inflight=0, control_free=False)
+        full = _claimed_all(plan)
+        planner.observe(plan, full, contended=plan.group_keys)
+        for (_, group), n in full.items():
+            got_total[group] += n - (n * 2 // 5 if group == "a" else 0)
+    total = sum(got_total.values())
+    assert got_total["a"] / total < 0.55
+
+
+def test_a_contended_shortfall_does_not_mark_the_group_dry() -> None:
+    planner = ClaimPlanner(4, _config(pct=0, label_weights={"a": 1, "b": 1}))
+    plan = planner.plan(free_slots=4, strict_inflight=0, control_free=False)
+    assert dict(plan.groups) == {"a": 2, "b": 1, None: 1}
+    # b got nothing but its rows were held by another worker; default is really empty.
+    planner.observe(plan, {(Lane.NORMAL, "a"): 2}, contended=["b"])
+    nxt = planner.plan(free_slots=2, strict_inflight=0, control_free=False)
+    assert "b" in nxt.group_keys
+    assert None not in nxt.group_keys
+
+
+def test_a_contended_strict_shortfall_keeps_the_strict_lane() -> None:
+    planner = ClaimPlanner(10, _config(pct=50))
+    plan = planner.plan(free_slots=10, strict_inflight=0, control_free=False)
+    assert plan.strict == 5
+    planner.observe(plan, {(Lane.STRICT, None): 2, (Lane.NORMAL, None): 5}, strict_contended=True)
+    assert planner.plan(free_slots=3, strict_inflight=2, control_free=False).strict == 3
+    planner.observe(plan, {(Lane.STRICT, None): 2, (Lane.NORMAL, None): 5})
+    assert planner.plan(free_slots=3, strict_inflight=2, control_free=False).strict == 0
+
+
+def test_an_untrusted_shortfall_charges_but_marks_nothing_dry() -> None:
+    planner = ClaimPlanner(4, _config(pct=0, label_weights={"a": 1}))
+    plan = planner.plan(free_slots=4, strict_inflight=0, control_free=False)
+    planner.observe(plan, {}, shortfall_trusted=False)  # new work was announced meanwhile
+    assert planner.plan(free_slots=4, strict_inflight=0, control_free=False).groups == plan.groups
+
+
+def test_an_empty_configured_group_is_not_asked_again_until_a_hint() -> None:
+    planner = ClaimPlanner(10, _config(pct=0, label_weights={"a": 1, "empty": 1}))
+    plan = planner.plan(free_slots=10, strict_inflight=0, control_free=False)
+    assert "empty" in plan.group_keys
+    claimed = {(Lane.NORMAL, g): n for g, n in plan.groups if g != "empty"}
+    planner.observe(plan, claimed)
+    for r in range(200):
+        p = planner.plan(free_slots=1 + r % 10, strict_inflight=0, control_free=False)
+        assert "empty" not in p.group_keys
+        planner.observe(p, _claimed_all(p))
+    planner.reset_dry(["normal"])
+    assert "empty" in planner.plan(free_slots=10, strict_inflight=0, control_free=False).group_keys
+
+
+def test_a_claimed_task_is_charged_to_the_group_key_it_was_claimed_under() -> None:
+    planner = ClaimPlanner(4, _config(label_weights={"a": 1, "b": 1}))
+    assert planner.classify(0, ["b", "a"], "b") == (Lane.NORMAL, "b")  # not yet re-grouped
+    assert planner.classify(0, ["a"], "") == (Lane.NORMAL, None)
+    assert planner.classify(0, ["b", "a"]) == (Lane.NORMAL, "a")
+    assert planner.classify(5, ["a"], "a") == (Lane.STRICT, None)
