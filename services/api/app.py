@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from taskfleet import __version__
-from taskfleet.api import health, tasks, workers
+from taskfleet.api import bulk, health, stats, tasks, workers
 from taskfleet.api.auth import Authenticator
 from taskfleet.api.database import Database
 from taskfleet.api.deps import ApiState
@@ -71,6 +71,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
     install_metrics(app, state)
     app.include_router(health.router)
     app.include_router(tasks.batch_router)
+    # Before the task routes: /tasks/stats must not be taken for /tasks/{id}.
+    app.include_router(stats.router)
+    app.include_router(bulk.router)
     app.include_router(tasks.router)
     app.include_router(workers.router)
     if importlib.util.find_spec(RUNTIME_CONFIG_ROUTER_MODULE) is not None:

@@ -84,6 +84,8 @@ DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 ADMIN_ONLY = {
     ("POST", "/tasks/{id}/cancel"),
     ("POST", "/tasks/{id}/retry"),
+    ("POST", "/tasks/retry"),
+    ("POST", "/tasks/cancel"),
     ("GET", "/workers"),
 }
 
@@ -135,6 +137,9 @@ SAMPLES: dict[tuple[str, str], Callable[[Ids], Call]] = {
         "/tasks/batch", json={"tasks": [{"type": "demo.echo"}]}
     ),
     ("GET", "/tasks"): lambda ids: Call("/tasks"),
+    ("GET", "/tasks/stats"): lambda ids: Call("/tasks/stats"),
+    ("POST", "/tasks/retry"): lambda ids: Call("/tasks/retry", json={"ids": [ids.task]}),
+    ("POST", "/tasks/cancel"): lambda ids: Call("/tasks/cancel", json={"ids": [ids.cancellable]}),
     ("GET", "/tasks/{id}"): lambda ids: Call(f"/tasks/{ids.task}"),
     ("GET", "/tasks/{id}/wait"): lambda ids: Call(f"/tasks/{ids.task}/wait", {"timeout": 0}),
     ("POST", "/tasks/{id}/cancel"): lambda ids: Call(f"/tasks/{ids.cancellable}/cancel"),
