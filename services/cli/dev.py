@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
+from taskfleet.cli.console_link import console_url
 from taskfleet.cli.main import app
 from taskfleet.cli.settings_errors import load_settings
 from taskfleet.shared.settings import ApiSettings, WorkerSettings
@@ -223,6 +224,10 @@ def supervise(
         _say("all processes stopped" if status == 0 else "stopped everything after the failure")
 
 
+def _admin_token(tokens: dict[str, str] | None) -> str | None:
+    return next((token for token, role in (tokens or {}).items() if role == "admin"), None)
+
+
 def _banner(
     children: Sequence[Child],
     *,
@@ -237,6 +242,7 @@ def _banner(
         if child.name == "api":
             lines.append(f"  API       {api_base}{mark}")
             lines.append(f"  docs      {api_base}/docs")
+            lines.append(f"  console   {console_url(api_base, _admin_token(tokens))}")
             lines.append(f"  metrics   {api_base}/metrics")
         else:
             metrics = child.health_url.rsplit("/", 1)[0] + "/metrics"
