@@ -36,9 +36,9 @@ from taskfleet.shared.statuses import TaskStatus
 log = logging.getLogger(__name__)
 
 #: Exact counting stops here; past it a count is the planner's estimate (or this lower bound).
-COUNT_LIMIT = 100_000
+COUNT_LIMIT = 10_000
 #: Pending tasks read, oldest first, for the per-group figures and the oldest waits.
-SAMPLE_LIMIT = 20_000
+SAMPLE_LIMIT = 10_000
 
 
 class LaneStats(BaseModel):

@@ -95,7 +95,7 @@ export default {
         ctx.root,
         h("h1", {}, "Overview"),
         h("p", { class: "muted updated" }, `Updated ${formatTime(new Date().toISOString())}; refreshes every ${REFRESH_MS / 1000} s.`),
-        stats.estimated.length ? notice(`Counts of ${stats.estimated.join(", ")} tasks are estimates: there are more than 100,000.`) : null,
+        stats.estimated.length ? notice(`Counts of ${stats.estimated.join(", ")} tasks are estimates: there are more than 10,000.`) : null,
         h("section", {}, h("h2", {}, "Tasks"), queueFigures(stats)),
         h("section", {}, h("h2", {}, "Lanes"), laneTable(stats)),
         h("section", {}, h("h2", {}, "Normal-lane groups"), groupTable(stats)),
