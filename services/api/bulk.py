@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 import sqlalchemy.exc
 from fastapi import APIRouter, Depends
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from taskfleet.api.auth import require_role
@@ -51,6 +51,19 @@ RETRY_STATUSES: tuple[Status, ...] = ("failed", "cancelled")
 CANCEL_STATUSES: tuple[Status, ...] = ("pending", "running")
 
 
+def _time_text(value: Any) -> Any:
+    # JSON has no time type: a time is an ISO 8601 string. Pydantic would take a number as Unix
+    # seconds, which the documented schema does not allow.
+    if not isinstance(value, str):
+        raise PydanticCustomError(
+            "datetime_type", "must be an ISO 8601 time with an offset, e.g. 2026-12-01T14:00:00Z"
+        )
+    return value
+
+
+TimeText = Annotated[AwareDatetime, BeforeValidator(_time_text)]
+
+
 class TaskFilter(BaseModel):
     """Which tasks a bulk action applies to: those matching every field given.
 
@@ -78,10 +91,10 @@ class TaskFilter(BaseModel):
         "Cancel: pending and/or running (default pending; a running task is cancelled by its "
         "worker at its next heartbeat).",
     )
-    created_before: AwareDatetime | None = Field(
+    created_before: TimeText | None = Field(
         default=None, description="Created before this time (ISO 8601 with an offset)."
     )
-    created_after: AwareDatetime | None = Field(
+    created_after: TimeText | None = Field(
         default=None, description="Created at or after this time (ISO 8601 with an offset)."
     )
     all: Annotated[bool, Field(strict=True)] = Field(

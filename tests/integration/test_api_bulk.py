@@ -291,6 +291,7 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], list[Any]]] = {
     "empty type": ("cancel", {"type": ""}, ["body", "type"]),
     "naive time": ("retry", {"created_before": "2026-01-01T00:00:00"}, ["body", "created_before"]),
     "not a time": ("retry", {"created_after": "yesterday"}, ["body", "created_after"]),
+    "time as a number": ("retry", {"created_after": 0}, ["body", "created_after"]),
     "empty window": (
         "retry",
         {"created_after": "2026-01-02T00:00:00Z", "created_before": "2026-01-01T00:00:00Z"},
