@@ -7,13 +7,13 @@ No database is needed (the app is built, its lifespan never runs). The browser t
 
 from __future__ import annotations
 
-import os
+import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
-from fastapi.testclient import TestClient
 
 from taskfleet.api.app import create_app
 from taskfleet.api.console import CONSOLE_CSP, DOCS_CSP, UI_DIR
@@ -23,12 +23,14 @@ MODULE_IMPORT = re.compile(r"""^import\s.*?from\s+"(\.{1,2}/[^"]+)";""", re.MULT
 CONSOLE_JS = sorted(p for p in UI_DIR.rglob("*.js") if p.parent.name != "docs")
 
 
-@pytest.fixture(scope="module")
-def http() -> Iterator[TestClient]:
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
     settings = ApiSettings(
         database_url="postgresql://nobody@127.0.0.1:1/none", api_tokens="admin:console-files-0001"
     )
-    yield TestClient(create_app(settings))
+    transport = httpx.ASGITransport(app=create_app(settings))
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        yield client
 
 
 def directives(csp: str) -> dict[str, list[str]]:
@@ -39,8 +41,8 @@ def directives(csp: str) -> dict[str, list[str]]:
     return parsed
 
 
-def test_the_console_page_has_a_strict_policy(http: TestClient) -> None:
-    response = http.get("/ui/")
+async def test_the_console_page_has_a_strict_policy(http: httpx.AsyncClient) -> None:
+    response = await http.get("/ui/")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
     csp = directives(response.headers["content-security-policy"])
@@ -53,23 +55,25 @@ def test_the_console_page_has_a_strict_policy(http: TestClient) -> None:
     assert response.headers["referrer-policy"] == "no-referrer"
 
 
-def test_ui_without_the_slash_redirects(http: TestClient) -> None:
-    response = http.get("/ui", follow_redirects=False)
+async def test_ui_without_the_slash_redirects(http: httpx.AsyncClient) -> None:
+    response = await http.get("/ui", follow_redirects=False)
     assert response.status_code == 308
     assert response.headers["location"] == "/ui/"
 
 
-def test_every_module_the_console_imports_is_served_with_a_script_type(http: TestClient) -> None:
+async def test_every_module_the_console_imports_is_served_with_a_script_type(
+    http: httpx.AsyncClient,
+) -> None:
     index = (UI_DIR / "index.html").read_text()
     wanted = {"app.js", "console.css", "favicon.svg"}
     for name in wanted:
         assert f'"{name}"' in index, name
     for path in CONSOLE_JS:
         for target in MODULE_IMPORT.findall(path.read_text()):
-            wanted.add(os.path.normpath((path.parent / target).relative_to(UI_DIR).as_posix()))
+            wanted.add(posixpath.normpath((path.parent / target).relative_to(UI_DIR).as_posix()))
     assert {"fragment.js", "views/config.js", "convergence.js"} <= wanted
     for name in sorted(wanted):
-        response = http.get(f"/ui/{name}")
+        response = await http.get(f"/ui/{name}")
         assert response.status_code == 200, name
         if name.endswith(".js"):
             assert response.headers["content-type"].startswith("text/javascript"), name
@@ -102,21 +106,23 @@ def test_no_console_file_points_anywhere_else_or_parses_html(path: Path) -> None
         "/ui/views",
     ],
 )
-def test_nothing_but_the_console_files_is_served(http: TestClient, path: str) -> None:
-    assert http.get(path).status_code == 404
+async def test_nothing_but_the_console_files_is_served(http: httpx.AsyncClient, path: str) -> None:
+    assert (await http.get(path)).status_code == 404
 
 
-def test_files_are_revalidated_by_etag(http: TestClient) -> None:
-    first = http.get("/ui/app.js")
+async def test_files_are_revalidated_by_etag(http: httpx.AsyncClient) -> None:
+    first = await http.get("/ui/app.js")
     assert first.headers["cache-control"] == "no-cache"
-    again = http.get("/ui/app.js", headers={"If-None-Match": first.headers["etag"]})
+    again = await http.get("/ui/app.js", headers={"If-None-Match": first.headers["etag"]})
     assert again.status_code == 304
     assert again.content == b""
 
 
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])
-def test_the_documentation_loads_only_its_own_files(http: TestClient, page: str) -> None:
-    response = http.get(page)
+async def test_the_documentation_loads_only_its_own_files(
+    http: httpx.AsyncClient, page: str
+) -> None:
+    response = await http.get(page)
     assert response.status_code == 200
     assert directives(response.headers["content-security-policy"])["script-src"] == ["'self'"]
     assert response.headers["content-security-policy"] == DOCS_CSP
@@ -125,5 +131,5 @@ def test_the_documentation_loads_only_its_own_files(http: TestClient, page: str)
     sources = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert sources and all(s.startswith("/docs/assets/") for s in sources), sources
     for source in sources:
-        assert http.get(source).status_code == 200, source
+        assert (await http.get(source)).status_code == 200, source
     assert CONSOLE_CSP != DOCS_CSP
