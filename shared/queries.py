@@ -154,50 +154,143 @@ task_list = _query(
     WHERE (CAST(:status AS text) IS NULL OR t.status = CAST(:status AS text))
       AND (CAST(:type AS text) IS NULL OR t.type = CAST(:type AS text))
       AND (CAST(:label AS text) IS NULL OR t.labels @> ARRAY[CAST(:label AS text)])
+      AND (CAST(:worker AS text) IS NULL OR t.worker_id = CAST(:worker AS text))
       AND (CAST(:before_id AS bigint) IS NULL OR t.id < CAST(:before_id AS bigint))
     ORDER BY t.id DESC
     LIMIT CAST(:limit AS int)
     """,
 )
 
-task_cancel = _query(
-    "task_cancel",
-    f"""
-    -- pending: cancelled at once; running: flagged, the worker's heartbeat picks the flag up.
-    UPDATE taskfleet.tasks t
+# The cancel rule, shared by one task and many: pending is cancelled at once; running is flagged
+# and the worker's heartbeat picks the flag up.
+_CANCEL_SET = """
     SET status = CASE WHEN t.status = 'pending' THEN 'cancelled' ELSE t.status END,
         finished_at = CASE WHEN t.status = 'pending' THEN now() ELSE t.finished_at END,
         last_error = CASE WHEN t.status = 'pending' THEN 'cancelled before it started'
                           ELSE t.last_error END,
         cancel_requested = true
-    WHERE t.id = CAST(:id AS bigint) AND t.status IN ('pending', 'running')
+"""
+_CANCELLABLE = "t.status IN ('pending', 'running')"
+
+task_cancel = _query(
+    "task_cancel",
+    f"""
+    UPDATE taskfleet.tasks t
+    {_CANCEL_SET}
+    WHERE t.id = CAST(:id AS bigint) AND {_CANCELLABLE}
     RETURNING {_TASK_COLUMNS}
     """,
 )
 
+# The retry rule, shared by one task and many: a failed or cancelled task back to pending, as if
+# new: attempts 0, due now. last_error is kept until the next attempt writes its own outcome, so
+# the reason stays readable. The runtime-config task is never retried: a new PUT /runtime-config
+# is the way to re-apply.
+_RETRY_SET = """
+    SET status = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
+        started_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL,
+        cancel_requested = false
+"""
+_RETRYABLE = f"t.status IN ('failed', 'cancelled') AND t.type <> '{RUNTIME_CONFIG_TASK_TYPE}'"
+_LANE_OF_TASK = f"""CASE WHEN t.priority >= {CONTROL_PRIORITY} THEN 'control'
+                    WHEN t.priority > 0 THEN 'strict' ELSE 'normal' END"""
+
 task_retry = _query(
     "task_retry",
     f"""
-    WITH
-    -- A failed or cancelled task back to pending, as if new: attempts 0, due now. last_error is
-    -- kept until the next attempt writes its own outcome, so the reason stays readable. The
-    -- runtime-config task is never retried: a new PUT /runtime-config is the way to re-apply.
-    retried AS (
+    WITH retried AS (
         UPDATE taskfleet.tasks t
-        SET status = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
-            started_at = NULL, worker_id = NULL, lease_expires_at = NULL, result = NULL,
-            cancel_requested = false
-        WHERE t.id = CAST(:id AS bigint) AND t.status IN ('failed', 'cancelled')
-          AND t.type <> '{RUNTIME_CONFIG_TASK_TYPE}'
+        {_RETRY_SET}
+        WHERE t.id = CAST(:id AS bigint) AND {_RETRYABLE}
         RETURNING t.*
     )
     -- The same wake-up as a submission, naming the task's lane; delivered at commit.
     SELECT {_TASK_COLUMNS},
-           pg_notify('{TASK_READY_CHANNEL}',
-                     CASE WHEN t.priority > 0 THEN 'strict' ELSE 'normal' END) AS woke
+           pg_notify('{TASK_READY_CHANNEL}', {_LANE_OF_TASK}) AS woke
     FROM retried t
     """,
 )
+
+# The filter of the bulk actions (POST /tasks/retry, POST /tasks/cancel), for one status at a
+# time: each batch is then a bounded range of the (status, id DESC) index, newest first from the
+# cursor down. A NULL parameter means "no filter on this field".
+_BULK_CANDIDATES = """
+    SELECT t.id, t.unique_key FROM taskfleet.tasks t
+    WHERE t.status = CAST(:status AS text)
+      AND (CAST(:ids AS bigint[]) IS NULL OR t.id = ANY(CAST(:ids AS bigint[])))
+      AND (CAST(:type AS text) IS NULL OR t.type = CAST(:type AS text))
+      AND (CAST(:labels AS text[]) IS NULL OR t.labels @> CAST(:labels AS text[]))
+      AND (CAST(:created_before AS timestamptz) IS NULL
+           OR t.created_at < CAST(:created_before AS timestamptz))
+      AND (CAST(:created_after AS timestamptz) IS NULL
+           OR t.created_at >= CAST(:created_after AS timestamptz))
+      AND (CAST(:before_id AS bigint) IS NULL OR t.id < CAST(:before_id AS bigint))
+    ORDER BY t.id DESC
+    LIMIT CAST(:batch AS int)
+"""
+
+task_retry_batch = _query(
+    "task_retry_batch",
+    f"""
+    WITH
+    -- One batch of matching tasks: at most :batch rows are ever locked by one statement.
+    candidates AS ({_BULK_CANDIDATES}),
+    -- A unique_key promises one unfinished task per key: retry only the newest candidate of a
+    -- key, and none whose key an unfinished task holds already.
+    eligible AS (
+        SELECT c.id FROM (
+            SELECT c.*, row_number() OVER (PARTITION BY c.unique_key ORDER BY c.id DESC) AS nth
+            FROM candidates c
+        ) c
+        WHERE c.unique_key IS NULL
+           OR (c.nth = 1 AND NOT EXISTS (
+                   SELECT 1 FROM taskfleet.tasks u
+                   WHERE u.unique_key = c.unique_key AND u.status IN ('pending', 'running')))
+    ),
+    -- The single-task rule, re-checked on the locked row (its status may have moved).
+    retried AS (
+        UPDATE taskfleet.tasks t
+        {_RETRY_SET}
+        WHERE t.id = ANY(ARRAY(SELECT id FROM eligible)) AND {_RETRYABLE}
+          AND t.status = CAST(:status AS text)
+        RETURNING {_LANE_OF_TASK} AS lane
+    ),
+    -- One wake-up per batch, naming the lanes that got work (delivered at commit).
+    lanes AS (SELECT string_agg(DISTINCT lane, ',' ORDER BY lane) AS hint FROM retried)
+    SELECT (SELECT count(*) FROM candidates) AS scanned,
+           (SELECT min(id) FROM candidates) AS last_id,
+           (SELECT count(*) FROM retried) AS changed,
+           (SELECT pg_notify('{TASK_READY_CHANNEL}', lanes.hint) FROM lanes
+            WHERE lanes.hint IS NOT NULL) AS woke
+    """,
+)
+
+task_cancel_batch = _query(
+    "task_cancel_batch",
+    f"""
+    WITH
+    -- One batch of matching tasks: at most :batch rows are ever locked by one statement.
+    candidates AS ({_BULK_CANDIDATES}),
+    -- The single-task rule, re-checked on the locked row; the runtime-config task is left
+    -- alone (cancel it by id if you must).
+    cancelled AS (
+        UPDATE taskfleet.tasks t
+        {_CANCEL_SET}
+        WHERE t.id = ANY(ARRAY(SELECT id FROM candidates)) AND {_CANCELLABLE}
+          AND t.status = CAST(:status AS text) AND t.type <> '{RUNTIME_CONFIG_TASK_TYPE}'
+        RETURNING t.id
+    )
+    SELECT (SELECT count(*) FROM candidates) AS scanned,
+           (SELECT min(id) FROM candidates) AS last_id,
+           (SELECT count(*) FROM cancelled) AS changed
+    """,
+)
+
+# The group of a normal-lane task by its stored key ('' = default); a row not yet re-grouped
+# after a change of the configured labels is counted where a claim would find it.
+_GROUP_OF_TASK = """CASE WHEN t.priority = 0 THEN
+                    CASE WHEN t.group_key = '' THEN 'default' ELSE t.group_key END
+               END"""
 
 task_queue_stats = _query(
     "task_queue_stats",
@@ -208,18 +301,117 @@ task_queue_stats = _query(
                                  FILTER (WHERE run_after <= now())), 0) AS float8)
                AS oldest_ready_seconds
     FROM (
-        SELECT CASE WHEN t.priority >= {CONTROL_PRIORITY} THEN 'control'
-                    WHEN t.priority > 0 THEN 'strict' ELSE 'normal' END AS lane,
-               -- The stored key ('' = default); a row not yet re-grouped after a change of
-               -- the configured labels is counted where a claim would find it.
-               CASE WHEN t.priority = 0 THEN
-                    CASE WHEN t.group_key = '' THEN 'default' ELSE t.group_key END
-               END AS grp,
-               t.run_after
+        SELECT {_LANE_OF_TASK} AS lane, {_GROUP_OF_TASK} AS grp, t.run_after
         FROM taskfleet.tasks t
         WHERE t.status = 'pending'
     ) pending
     GROUP BY lane, grp
+    """,
+)
+
+# --------------------------------------------------------------------------------------------
+# Tasks: GET /tasks/stats. Every statement here reads a bounded number of index entries or rows
+# (docs/operations.md#task-statistics says what each costs).
+# --------------------------------------------------------------------------------------------
+
+task_stats_status_counts = _query(
+    "task_stats_status_counts",
+    """
+    -- Per status, count at most :limit rows: an index-only range of (status, id DESC) each.
+    SELECT s.status,
+           (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t WHERE t.status = s.status
+                                  LIMIT CAST(:limit AS int)) AS capped) AS counted
+    FROM unnest(CAST(:statuses AS text[])) AS s(status)
+    """,
+)
+
+task_stats_status_estimates = _query(
+    "task_stats_status_estimates",
+    """
+    -- The planner's statistics (ANALYZE, autovacuum): the table's row estimate and the share of
+    -- each status among its rows. Reads two catalog rows; no table row.
+    SELECT c.reltuples,
+           CAST(CAST(s.most_common_vals AS text) AS text[]) AS statuses,
+           s.most_common_freqs AS shares
+    FROM pg_class c
+    LEFT JOIN pg_stats s
+           ON s.schemaname = 'taskfleet' AND s.tablename = 'tasks' AND s.attname = 'status'
+    WHERE c.oid = CAST('taskfleet.tasks' AS regclass)
+    """,
+)
+
+task_stats_lanes = _query(
+    "task_stats_lanes",
+    f"""
+    -- Pending per lane, each counted to at most :limit entries of the lane's claim index; running
+    -- per lane (no more rows than the fleet has slots, through the running-only index).
+    SELECT
+        (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                               WHERE t.status = 'pending' AND t.priority = {CONTROL_PRIORITY}
+                               LIMIT CAST(:limit AS int)) AS capped) AS control_pending,
+        (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                               WHERE t.status = 'pending' AND t.priority > 0
+                                 AND t.priority < {CONTROL_PRIORITY}
+                               LIMIT CAST(:limit AS int)) AS capped) AS strict_pending,
+        (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                               WHERE t.status = 'pending' AND t.priority = 0
+                               LIMIT CAST(:limit AS int)) AS capped) AS normal_pending,
+        (SELECT count(*) FROM taskfleet.tasks t
+         WHERE t.status = 'running' AND t.priority = {CONTROL_PRIORITY}) AS control_running,
+        (SELECT count(*) FROM taskfleet.tasks t
+         WHERE t.status = 'running' AND t.priority > 0
+           AND t.priority < {CONTROL_PRIORITY}) AS strict_running,
+        (SELECT count(*) FROM taskfleet.tasks t
+         WHERE t.status = 'running' AND t.priority = 0) AS normal_running
+    """,
+)
+
+task_stats_pending_sample = _query(
+    "task_stats_pending_sample",
+    f"""
+    WITH
+    -- The oldest :limit pending tasks (by id, the order they were submitted in), read from the
+    -- (status, id DESC) index: the whole backlog while it is shorter than that.
+    sample AS (
+        SELECT t.priority, t.labels, t.run_after FROM taskfleet.tasks t
+        WHERE t.status = 'pending'
+        ORDER BY t.id
+        LIMIT CAST(:limit AS int)
+    )
+    -- Per lane and normal-lane group: how many, how many are due, and the longest a due one
+    -- has waited since it became due.
+    SELECT {_LANE_OF_TASK} AS lane, {_GROUP_OF_TASK} AS grp, count(*) AS pending,
+           count(*) FILTER (WHERE t.run_after <= now()) AS ready,
+           CAST(COALESCE(EXTRACT(EPOCH FROM now() - min(t.run_after)
+                                 FILTER (WHERE t.run_after <= now())), 0) AS float8)
+               AS oldest_ready_seconds
+    FROM sample t
+    GROUP BY 1, 2
+    """,
+)
+
+task_stats_finished = _query(
+    "task_stats_finished",
+    """
+    -- Finished in the last minute per status, and failed in the last hour: ranges of the
+    -- (status, finished_at) index, each counted to at most :limit entries.
+    SELECT
+        (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                               WHERE t.status = 'completed'
+                                 AND t.finished_at > now() - interval '1 minute'
+                               LIMIT CAST(:limit AS int)) AS capped) AS completed_last_minute,
+        (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                               WHERE t.status = 'failed'
+                                 AND t.finished_at > now() - interval '1 minute'
+                               LIMIT CAST(:limit AS int)) AS capped) AS failed_last_minute,
+        (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                               WHERE t.status = 'cancelled'
+                                 AND t.finished_at > now() - interval '1 minute'
+                               LIMIT CAST(:limit AS int)) AS capped) AS cancelled_last_minute,
+        (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                               WHERE t.status = 'failed'
+                                 AND t.finished_at > now() - interval '1 hour'
+                               LIMIT CAST(:limit AS int)) AS capped) AS failed_last_hour
     """,
 )
 

@@ -125,6 +125,13 @@ tasks = Table(
     Index("tasks_status_id_idx", "status", text("id DESC")),
     Index("tasks_type_id_idx", "type", text("id DESC")),
     Index("tasks_labels_idx", "labels", postgresql_using="gin"),
+    # Recent outcomes (GET /tasks/stats) and age cut-offs of finished tasks.
+    Index(
+        "tasks_finished_idx",
+        "status",
+        "finished_at",
+        postgresql_where=text("finished_at IS NOT NULL"),
+    ),
     # The runtime-config request of an update task.
     Index(
         "tasks_runtime_config_request_idx",

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from taskfleet.errors import ApiError, error_from_detail
-from taskfleet.models import TaskFields, TaskSpec
+from taskfleet.models import TaskFields, TaskFilter, TaskSpec
 
 #: Seconds to connect, write, or wait for a pool slot.
 CONNECT_TIMEOUT = 10.0
@@ -142,12 +142,40 @@ def wait(task_id: int, chunk: float) -> Call:
 
 
 def list_page(
-    status: str | None, type: str | None, label: str | None, limit: int, cursor: str | None
+    status: str | None,
+    type: str | None,
+    label: str | None,
+    limit: int,
+    cursor: str | None,
+    worker: str | None = None,
 ) -> Call:
-    params = {"status": status, "type": type, "label": label, "cursor": cursor}
+    params = {"status": status, "type": type, "label": label, "worker": worker, "cursor": cursor}
     query = {k: v for k, v in params.items() if v is not None}
     query["limit"] = str(limit)
     return Call("GET", "/tasks", params=query, idempotent=True)
+
+
+_FILTER_FIELDS = frozenset(TaskFilter.__annotations__)
+
+
+def bulk(action: str, task_filter: TaskFilter) -> Call:
+    """``POST /tasks/retry`` or ``POST /tasks/cancel`` with the filter body (not retried: a
+    repeat after a lost answer would act on what the first call changed)."""
+    unknown = sorted(set(task_filter) - _FILTER_FIELDS)
+    if unknown:
+        known = ", ".join(sorted(_FILTER_FIELDS))
+        raise TypeError(f"unknown filter field(s) {', '.join(unknown)}; known: {known}")
+    body: dict[str, Any] = {}
+    fields: Mapping[str, Any] = task_filter
+    for name, value in fields.items():
+        if value is None:
+            continue
+        if name == "status":
+            # One status or several; TaskStatus members are str too.
+            statuses = [value] if isinstance(value, str) else list(value)
+            value = [str(getattr(s, "value", s)) for s in statuses]
+        body[name] = _wire(value)
+    return Call("POST", f"/tasks/{action}", body=body)
 
 
 def config_body(fields: Mapping[str, Any], request_id: str) -> dict[str, Any]:

@@ -33,7 +33,16 @@ import httpx
 from taskfleet import _calls
 from taskfleet.config_change import AsyncConfigChange, ConfigChange
 from taskfleet.errors import WaitTimeout
-from taskfleet.models import RuntimeConfig, Task, TaskFields, TaskSpec, TaskStatus, Worker
+from taskfleet.models import (
+    RuntimeConfig,
+    Task,
+    TaskFields,
+    TaskFilter,
+    TaskSpec,
+    TaskStats,
+    TaskStatus,
+    Worker,
+)
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -178,18 +187,40 @@ class Client:
         status. Needs the admin role."""
         return Task.model_validate(self._send(_calls.Call("POST", f"/tasks/{id}/retry")))
 
+    def retry_many(self, **task_filter: Unpack[TaskFilter]) -> int:
+        """Run every matching failed task (or ``status=["cancelled"]``, ...) again, from attempt
+        0 (``POST /tasks/retry``); the number retried. ``task_filter``: ``ids``, ``type``,
+        ``labels`` (all of them), ``status``, ``created_before``, ``created_after``, or
+        ``all=True``; an empty filter is refused (``InvalidRequest``). Needs the admin role."""
+        return int(self._send(_calls.bulk("retry", task_filter))["retried"])
+
+    def cancel_many(self, **task_filter: Unpack[TaskFilter]) -> int:
+        """Cancel every matching pending task (``status=["running"]`` flags running ones too)
+        (``POST /tasks/cancel``); the number cancelled. The same filter as :meth:`retry_many`.
+        Needs the admin role."""
+        return int(self._send(_calls.bulk("cancel", task_filter))["cancelled"])
+
+    def stats(self) -> TaskStats:
+        """Tasks per status, lane and group, the oldest waits and recent outcomes
+        (``GET /tasks/stats``)."""
+        call = _calls.Call("GET", "/tasks/stats", idempotent=True)
+        return TaskStats.model_validate(self._send(call))
+
     def list(
         self,
         *,
         status: TaskStatus | str | None = None,
         type: str | None = None,
         label: str | None = None,
+        worker: str | None = None,
         page_size: int = 100,
     ) -> Iterator[Task]:
-        """Every task matching the filters, newest first, fetched a page at a time."""
+        """Every task matching the filters, newest first, fetched a page at a time.
+        ``worker``: the id of the worker that ran the task's last attempt."""
         cursor: str | None = None
         while True:
-            doc = self._send(_calls.list_page(_status(status), type, label, page_size, cursor))
+            call = _calls.list_page(_status(status), type, label, page_size, cursor, worker)
+            doc = self._send(call)
             for item in doc["tasks"]:
                 yield Task.model_validate(item)
             cursor = doc.get("next_cursor")
@@ -341,18 +372,32 @@ class AsyncClient:
         """See :meth:`Client.retry`."""
         return Task.model_validate(await self._send(_calls.Call("POST", f"/tasks/{id}/retry")))
 
+    async def retry_many(self, **task_filter: Unpack[TaskFilter]) -> int:
+        """See :meth:`Client.retry_many`."""
+        return int((await self._send(_calls.bulk("retry", task_filter)))["retried"])
+
+    async def cancel_many(self, **task_filter: Unpack[TaskFilter]) -> int:
+        """See :meth:`Client.cancel_many`."""
+        return int((await self._send(_calls.bulk("cancel", task_filter)))["cancelled"])
+
+    async def stats(self) -> TaskStats:
+        """See :meth:`Client.stats`."""
+        call = _calls.Call("GET", "/tasks/stats", idempotent=True)
+        return TaskStats.model_validate(await self._send(call))
+
     async def list(
         self,
         *,
         status: TaskStatus | str | None = None,
         type: str | None = None,
         label: str | None = None,
+        worker: str | None = None,
         page_size: int = 100,
     ) -> AsyncIterator[Task]:
         """See :meth:`Client.list` (an async iterator)."""
         cursor: str | None = None
         while True:
-            call = _calls.list_page(_status(status), type, label, page_size, cursor)
+            call = _calls.list_page(_status(status), type, label, page_size, cursor, worker)
             doc = await self._send(call)
             for item in doc["tasks"]:
                 yield Task.model_validate(item)

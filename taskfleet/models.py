@@ -16,10 +16,15 @@ from taskfleet.shared.statuses import TaskStatus
 
 __all__ = [
     "AppliedVersion",
+    "FinishedCounts",
+    "GroupStats",
+    "LaneStats",
     "RuntimeConfig",
     "Task",
     "TaskFields",
+    "TaskFilter",
     "TaskSpec",
+    "TaskStats",
     "TaskStatus",
     "Worker",
 ]
@@ -125,3 +130,59 @@ class TaskSpec(TaskFields):
 
     type: str
     payload: NotRequired[dict[str, Any]]
+
+
+class TaskFilter(TypedDict, total=False):
+    """Which tasks ``retry_many`` / ``cancel_many`` act on: those matching every field given.
+
+    At least one of ``ids``, ``type``, ``labels``, ``created_before``, ``created_after`` is
+    needed, or ``all=True``. ``labels``: tasks carrying all of them. ``status``: retry takes
+    ``failed`` and/or ``cancelled`` (default failed), cancel ``pending`` and/or ``running``
+    (default pending)."""
+
+    ids: list[int]
+    type: str
+    labels: list[str]
+    status: list[TaskStatus | str]
+    created_before: datetime
+    created_after: datetime
+    all: bool
+
+
+class LaneStats(_Answer):
+    """One lane of :class:`TaskStats`."""
+
+    pending: int
+    pending_exact: bool
+    running: int
+    oldest_ready_seconds: float
+
+
+class GroupStats(_Answer):
+    """One normal-lane group of :class:`TaskStats`."""
+
+    group: str
+    weight: int
+    pending: int
+    ready: int
+    oldest_ready_seconds: float
+
+
+class FinishedCounts(_Answer):
+    completed: int
+    failed: int
+    cancelled: int
+
+
+class TaskStats(_Answer):
+    """``GET /tasks/stats``: tasks per status (``estimated`` lists those past the exact-count
+    limit), per lane and per group, and the recent outcomes."""
+
+    by_status: dict[str, int]
+    estimated: list[str]
+    lanes: dict[str, LaneStats]
+    groups: list[GroupStats]
+    sample_complete: bool
+    finished_last_minute: FinishedCounts
+    failed_last_hour: int
+    config_version: int

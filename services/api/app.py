@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from taskfleet import __version__
-from taskfleet.api import health, tasks, workers
+from taskfleet.api import bulk, console, health, stats, tasks, workers
 from taskfleet.api.auth import Authenticator
 from taskfleet.api.database import Database
 from taskfleet.api.deps import ApiState
@@ -65,14 +65,21 @@ def create_app(settings: ApiSettings) -> FastAPI:
         summary="Postgres-backed tasks: strict priority lane, weighted fair normal lane.",
         version=__version__,
         lifespan=lifespan,
+        # Served by taskfleet.api.console from packaged copies, not FastAPI's CDN pages.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.api = state
     install_error_handlers(app)
     install_metrics(app, state)
     app.include_router(health.router)
     app.include_router(tasks.batch_router)
+    # Before the task routes: /tasks/stats must not be taken for /tasks/{id}.
+    app.include_router(stats.router)
+    app.include_router(bulk.router)
     app.include_router(tasks.router)
     app.include_router(workers.router)
+    app.include_router(console.create_router())
     if importlib.util.find_spec(RUNTIME_CONFIG_ROUTER_MODULE) is not None:
         module = importlib.import_module(RUNTIME_CONFIG_ROUTER_MODULE)
         app.include_router(module.router)

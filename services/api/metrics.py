@@ -61,7 +61,7 @@ class QueueGauges:
             latest = await fetch_one(conn, q.runtime_config_latest)
             configured = _configured_labels(latest["payload"] if latest else {})
             alive = await fetch_all(conn, q.runtime_config_alive_applied)
-            stats = await fetch_all(conn, q.task_queue_stats, configured=configured)
+            stats = await fetch_all(conn, q.task_queue_stats)
         latest_version = int(latest["version"]) if latest else 0
         self._clear()
         # Every lane and configured group gets a series, zero when empty: a dashboard shows 0,

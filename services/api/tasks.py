@@ -195,6 +195,15 @@ async def list_tasks(
     label: Annotated[
         str | None, Query(min_length=1, max_length=MAX_LABEL_LENGTH, pattern=NO_NUL)
     ] = None,
+    worker: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=200,
+            pattern=NO_NUL,
+            description="The id of the worker that ran (or runs) the task's last attempt.",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[
         int | None,
@@ -206,6 +215,7 @@ async def list_tasks(
         status=status_.value if status_ is not None else None,
         type=type_,
         label=label,
+        worker=worker,
         before_id=cursor,
         limit=limit + 1,  # one more than asked says whether another page exists
     )

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
+from taskfleet.cli.console_link import console_url
 from taskfleet.cli.dev_checks import (
     CONNECTIONS_PER_WORKER,
     SPARE_CONNECTIONS,
@@ -61,6 +62,10 @@ def _without_password(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def _admin_token(tokens: dict[str, str] | None) -> str | None:
+    return next((token for token, role in (tokens or {}).items() if role == "admin"), None)
+
+
 def _banner(
     children: Sequence[Child],
     *,
@@ -74,6 +79,7 @@ def _banner(
         if child.name == "api":
             lines.append(f"  API       {api_base}")
             lines.append(f"  docs      {api_base}/docs")
+            lines.append(f"  console   {console_url(api_base, _admin_token(tokens))}")
             lines.append(f"  metrics   {api_base}/metrics")
         else:
             metrics = child.health_url.rsplit("/", 1)[0] + "/metrics"

@@ -630,3 +630,18 @@ async def test_openapi_document_describes_the_task_routes(client: httpx.AsyncCli
     for path in ("/tasks", "/tasks/batch", "/tasks/{id}", "/tasks/{id}/cancel", "/workers"):
         assert path in paths
     assert "bearer" in str(response.json()["components"]["securitySchemes"]).lower()
+
+
+async def test_list_filters_by_worker(client: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
+    first, second, _never_run = [await submit(client) for _ in range(3)]
+    await set_status(conn, first["id"], "completed")
+    await set_status(conn, second["id"], "running")
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET worker_id = 'w-other' WHERE id = $1", second["id"]
+    )
+
+    listed = (await client.get("/tasks", params={"worker": "w-test"})).json()["tasks"]
+    assert [t["id"] for t in listed] == [first["id"]]
+    listed = (await client.get("/tasks", params={"worker": "w-other"})).json()["tasks"]
+    assert [t["id"] for t in listed] == [second["id"]]
+    assert (await client.get("/tasks", params={"worker": ""})).status_code == 422

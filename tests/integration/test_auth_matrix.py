@@ -78,18 +78,33 @@ BAD_CREDENTIALS: dict[str, Headers] = {
 #: No token needed. docs/reference.md#authentication names them; the documentation is a decision
 #: (see top).
 PROBES = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
-DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+DOCS = {"/openapi.json", "/docs", "/redoc", "/docs/assets/{name}"}
+#: The operator console's files: code and styles, no data (it signs in to call the API like any
+#: client), so open like the documentation.
+CONSOLE = {"/ui", "/ui/", "/ui/{name:path}"}
+#: A concrete URL for each open route with a parameter (or a redirect to follow).
+OPEN_URLS = {
+    "/docs/assets/{name}": "/docs/assets/swagger-init.js",
+    "/ui": "/ui/",
+    "/ui/{name:path}": "/ui/app.js",
+}
 #: Admin only (docs/reference.md#authentication: runtime config, cancel, retry and workers);
 #: every other route needs submit.
 ADMIN_ONLY = {
     ("POST", "/tasks/{id}/cancel"),
     ("POST", "/tasks/{id}/retry"),
+    ("POST", "/tasks/retry"),
+    ("POST", "/tasks/cancel"),
     ("GET", "/workers"),
 }
 
 
 def is_open(method: str, path: str) -> bool:
-    return (method, path) in PROBES or path in DOCS
+    return (method, path) in PROBES or path in DOCS or path in CONSOLE
+
+
+def open_call(path: str) -> Call:
+    return Call(OPEN_URLS.get(path, path))
 
 
 def required_role(method: str, path: str) -> str:
@@ -135,6 +150,9 @@ SAMPLES: dict[tuple[str, str], Callable[[Ids], Call]] = {
         "/tasks/batch", json={"tasks": [{"type": "demo.echo"}]}
     ),
     ("GET", "/tasks"): lambda ids: Call("/tasks"),
+    ("GET", "/tasks/stats"): lambda ids: Call("/tasks/stats"),
+    ("POST", "/tasks/retry"): lambda ids: Call("/tasks/retry", json={"ids": [ids.task]}),
+    ("POST", "/tasks/cancel"): lambda ids: Call("/tasks/cancel", json={"ids": [ids.cancellable]}),
     ("GET", "/tasks/{id}"): lambda ids: Call(f"/tasks/{ids.task}"),
     ("GET", "/tasks/{id}/wait"): lambda ids: Call(f"/tasks/{ids.task}/wait", {"timeout": 0}),
     ("POST", "/tasks/{id}/cancel"): lambda ids: Call(f"/tasks/{ids.cancellable}/cancel"),
@@ -325,8 +343,9 @@ async def test_open_routes_answer_without_a_token_and_carry_no_secret(
     assert {("GET", p) for p in ("/healthz", "/readyz", "/metrics", "/openapi.json")} <= set(
         open_routes
     )
+    assert {("GET", p) for p in ("/docs", "/redoc", "/ui/")} <= set(open_routes)
     for method, path in open_routes:
-        response = await client.request(method, path)
+        response = await client.request(method, OPEN_URLS.get(path, path))
         assert response.status_code == 200, (method, path, response.text[:200])
         assert_no_secret_in(response, f"{method} {path}")
     document = (await client.get("/openapi.json")).text
@@ -343,7 +362,7 @@ async def test_no_secret_reaches_a_log_record(
     caplog.set_level(logging.DEBUG)
     ids = await make_ids(client)
     for method, path in sorted(every_route(app)):
-        call = SAMPLES[(method, path)](ids) if (method, path) in SAMPLES else Call(path)
+        call = SAMPLES[(method, path)](ids) if (method, path) in SAMPLES else open_call(path)
         for headers in (AS_ADMIN, AS_SUBMIT, *BAD_CREDENTIALS.values()):
             await send(client, method, call, headers)
         # A token sent where it does not belong (a query parameter, a body) is not echoed.
@@ -388,7 +407,9 @@ async def test_database_failures_leak_no_secret_to_logs_or_bodies(
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as http,
     ):
         for method, path in sorted(every_route(app)):
-            call = SAMPLES[(method, path)](Ids(1, 2)) if (method, path) in SAMPLES else Call(path)
+            call = (
+                SAMPLES[(method, path)](Ids(1, 2)) if (method, path) in SAMPLES else open_call(path)
+            )
             for headers in (AS_ADMIN, AS_SUBMIT, BAD_CREDENTIALS["unknown token"]):
                 response = await send(http, method, call, headers)
                 assert response.status_code in (200, 401, 403, 503), (method, path, response.text)

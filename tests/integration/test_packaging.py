@@ -73,6 +73,12 @@ def test_the_wheel_installs_only_taskfleet_names(tmp_path: Path) -> None:
         "taskfleet/alembic/versions/0004_enqueue_function.py",
     ):
         assert path in names, path
+    # The console ships as it is served: every file of services/api/ui is in the wheel.
+    ui = Path(__file__).resolve().parents[2] / "services" / "api" / "ui"
+    shipped = {
+        f"taskfleet/api/ui/{p.relative_to(ui).as_posix()}" for p in ui.rglob("*") if p.is_file()
+    }
+    assert shipped <= set(names), sorted(shipped - set(names))
 
 
 def test_import_taskfleet_loads_no_http_or_database_library() -> None:
