@@ -373,7 +373,7 @@ task_stats_pending_sample = _query(
     -- The oldest :limit pending tasks (by id, the order they were submitted in), read from the
     -- (status, id DESC) index: the whole backlog while it is shorter than that.
     sample AS (
-        SELECT t.priority, t.labels, t.run_after FROM taskfleet.tasks t
+        SELECT t.priority, t.group_key, t.run_after FROM taskfleet.tasks t
         WHERE t.status = 'pending'
         ORDER BY t.id
         LIMIT CAST(:limit AS int)

@@ -77,7 +77,9 @@ def upgrade() -> None:
         """
         CREATE FUNCTION taskfleet.task_group_key(labels text[])
         RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS $$
-            SELECT taskfleet.task_group_key(labels, g.labels)
+            -- $1, not "labels": inside this query an unqualified "labels" is the column
+            -- g.labels (a column wins over a parameter of the same name in SQL functions).
+            SELECT taskfleet.task_group_key($1, g.labels)
             FROM taskfleet.task_groupings g ORDER BY g.version DESC LIMIT 1
         $$
         """
