@@ -1,9 +1,11 @@
-"""The runtime-config writer: the ``updateWorkerRuntimeConfig`` control-lane task (SPEC §6).
+"""The runtime-config writer: the ``updateWorkerRuntimeConfig`` control-lane task
+(docs/reference.md#runtime-config).
 
 1. validate and normalise again; 2. insert the version (or find it by request id: retries are
-idempotent); 3. NOTIFY ``up_config``; 4. loop until superseded (a newer version exists) or
-converged (no alive worker below the version), re-notifying every notifyInterval and waiting up
-to listenTimeout for ACKs, which only make the next check come sooner. The database decides.
+idempotent); 3. NOTIFY ``up_config``; 4. loop until the fleet has an outcome for it (the rule in
+``shared/policy/convergence.py``: superseded or converged), re-notifying every notifyInterval
+and waiting up to listenTimeout for ACKs, which only make the next check come sooner. The
+database decides.
 """
 
 from __future__ import annotations
@@ -12,18 +14,33 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
 from taskfleet.shared import db, protocol, queries
+from taskfleet.shared.metrics import WorkerMetrics
+from taskfleet.shared.policy.convergence import FleetView, Superseded, decide
 from taskfleet.shared.policy.runtime_config import RuntimeConfigError, normalise_runtime_config
 from taskfleet.shared.registry import PermanentError
-
-if TYPE_CHECKING:
-    from taskfleet.worker.worker import Worker
+from taskfleet.shared.settings import WorkerSettings
 
 log = logging.getLogger("taskfleet.worker.config")
+
+
+@dataclass(frozen=True)
+class ConfigWriter:
+    """What the update task needs of the worker running it."""
+
+    settings: WorkerSettings
+    metrics: WorkerMetrics
+    #: Apply the written version on this worker at once (not at its next notification).
+    refresh_local: Callable[[], None]
+
+    async def __call__(self, task_id: int, payload: Any) -> dict[str, Any]:
+        return await run_config_update(self, task_id, payload)
 
 
 async def _fetch(conn: asyncpg.Connection, query: queries.Query, **params: Any) -> asyncpg.Record:
@@ -31,8 +48,8 @@ async def _fetch(conn: asyncpg.Connection, query: queries.Query, **params: Any) 
     return await conn.fetchrow(sql, *args, timeout=30)
 
 
-async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[str, Any]:
-    settings = worker.settings
+async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) -> dict[str, Any]:
+    settings, metrics = writer.settings, writer.metrics
     try:
         config = normalise_runtime_config(
             payload if isinstance(payload, dict) else {},
@@ -49,7 +66,7 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
     def on_ack(_conn: object, _pid: int, channel: str, raw: str) -> None:
         message = protocol.parse(channel, raw)
         malformed = isinstance(message, protocol.Malformed)
-        worker.metrics.notifications.labels(channel, "malformed" if malformed else "ok").inc()
+        metrics.notifications.labels(channel, "malformed" if malformed else "ok").inc()
         if isinstance(message, protocol.ConfigAck):
             acked.set()
         else:
@@ -70,30 +87,39 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
         up_config = protocol.config_updated_payload(config.request_id, version)
         log.info("task %d: runtime config version %d written; notifying", task_id, version)
         await _fetch(conn, queries.notify, channel=protocol.CONFIG_CHANNEL, payload=up_config)
-        # This worker applies it at once too, not at its own next notification or tick.
-        worker.request_config_refresh()
+        writer.refresh_local()
         last_notify = time.monotonic()
         while True:
             acked.clear()
             state = await _fetch(conn, queries.runtime_config_convergence, version=version)
             lagging = list(state["lagging"])
-            worker.metrics.lagging_workers.set(len(lagging))
-            if state["latest"] > version:
-                worker.metrics.superseded.inc()
-                worker.metrics.lagging_workers.set(0)
+            metrics.lagging_workers.set(len(lagging))
+            since = state["seconds_since_insert"]
+            decision = decide(
+                FleetView(
+                    version=version,
+                    latest=int(state["latest"]),
+                    alive_workers=int(state["alive_workers"]),
+                    lagging=lagging,
+                    seconds_since_insert=float(since) if since is not None else None,
+                )
+            )
+            if isinstance(decision, Superseded):
+                metrics.superseded.inc()
+                metrics.lagging_workers.set(0)
                 return {
                     "outcome": "superseded",
                     "version": version,
-                    "superseded_by": int(state["latest"]),
+                    "superseded_by": decision.superseded_by,
                 }
-            if not lagging:
-                seconds = float(state["seconds_since_insert"] or 0.0)
-                worker.metrics.convergence_seconds.observe(seconds)
+            if decision is not None:
+                seconds = decision.seconds or 0.0
+                metrics.convergence_seconds.observe(seconds)
                 return {
                     "outcome": "converged",
                     "version": version,
-                    "seconds": round(seconds, 6),
-                    "alive_workers": int(state["alive_workers"]),
+                    "seconds": seconds,
+                    "alive_workers": decision.alive_workers,
                 }
             now = time.monotonic()
             if now - last_notify >= config.notify_interval:

@@ -20,7 +20,7 @@ import asyncpg
 import httpx
 import pytest
 
-from taskfleet.api import runtime_config as runtime_config_api
+from taskfleet.api import config_stream, negotiation
 from taskfleet.shared import db
 from taskfleet.shared.registry import load_registry
 from taskfleet.shared.settings import ApiSettings, WorkerSettings
@@ -533,7 +533,7 @@ async def test_an_accept_header_with_no_offered_type_is_a_406_before_anything_is
 
 
 def test_accept_negotiation_prefers_the_most_specific_and_highest_quality_type() -> None:
-    negotiate = runtime_config_api.negotiate
+    negotiate = negotiation.negotiate
     assert negotiate(None) == "application/x-ndjson"
     assert negotiate("") == "application/x-ndjson"
     assert negotiate("*/*") == "application/x-ndjson"
@@ -620,7 +620,7 @@ async def test_progress_is_repeated_as_a_heartbeat_while_nothing_changes(
     fake_worker: FakeWorker,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runtime_config_api, "PROGRESS_HEARTBEAT_SECONDS", 0.2)
+    monkeypatch.setattr(config_stream, "PROGRESS_HEARTBEAT_SECONDS", 0.2)
     async with put_stream(client, {"defaultWeight": 4}, params={"timeout": "3"}) as stream:
         events = await stream.rest()
     assert_event_order(events)

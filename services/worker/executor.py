@@ -1,0 +1,177 @@
+"""Running attempts: each claimed task in its own coroutine, its handler called once, what
+happened mapped to an :class:`Outcome` (retry rules applied) and queued for the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import to_jsonable_python
+
+from taskfleet.shared.metrics import WorkerMetrics
+from taskfleet.shared.policy.backoff import BackoffPolicy
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, Lane
+from taskfleet.shared.registry import PermanentError, TaskRegistry
+from taskfleet.shared.schema import TaskStatus
+from taskfleet.worker.outcomes import RELEASED, Outcome, OutcomeWriter
+from taskfleet.worker.slots import Running, Slots
+
+MAX_ERROR_CHARS = 8000
+MAX_RESULT_BYTES = 1 << 20
+
+#: Runs the control-lane task (the runtime-config writer): (task id, payload) -> result.
+ControlRunner = Callable[[int, Any], Awaitable[Any]]
+
+
+class _Timeout(Exception):
+    """The task's own timeout expired."""
+
+
+class Executor:
+    """Starts attempts into slots and turns each into an outcome."""
+
+    def __init__(
+        self,
+        *,
+        registry: TaskRegistry,
+        worker_id: str,
+        slots: Slots,
+        outcomes: OutcomeWriter,
+        metrics: WorkerMetrics,
+        backoff: BackoffPolicy,
+        run_control: ControlRunner,
+        on_control_slot_freed: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._registry = registry
+        self._worker_id = worker_id
+        self._slots = slots
+        self._outcomes = outcomes
+        self._metrics = metrics
+        self._backoff = backoff
+        self._run_control = run_control
+        self._on_control_slot_freed = on_control_slot_freed
+        self._clock = clock
+
+    def start(self, running: Running, payload: Any, *, cancel_requested: bool) -> None:
+        """Take a slot for ``running`` and run its attempt in a coroutine of its own."""
+        self._slots.add(running)
+        running.task = asyncio.create_task(
+            self._execute(running, payload), name=f"task-{running.id}"
+        )
+        if cancel_requested:
+            self.cancel(running.id, "user")
+
+    def cancel(self, task_id: int, reason: str) -> None:
+        running = self._slots.get(task_id)
+        if running is None or running.task is None or running.task.done():
+            return
+        if running.cancel_reason is None:
+            running.cancel_reason = reason
+            running.task.cancel()
+
+    def interrupt_all(self) -> int:
+        """Drain timeout: interrupt every attempt still running (each is given back)."""
+        unfinished = [r for r in self._slots.all() if r.task is not None and not r.task.done()]
+        for running in unfinished:
+            running.cancel_reason = "shutdown"
+            assert running.task is not None
+            running.task.cancel()
+        return len(unfinished)
+
+    async def _execute(self, running: Running, payload: Any) -> None:
+        started = self._clock()
+        try:
+            outcome = await self._attempt(running, payload)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if running.cancel_reason == "user":
+                outcome = Outcome(running.id, TaskStatus.CANCELLED.value, error="cancelled")
+            else:
+                outcome = Outcome(running.id, RELEASED, error="interrupted by worker shutdown")
+        finally:
+            self._slots.remove(running)
+            if running.lane is Lane.CONTROL:
+                self._on_control_slot_freed()
+            self._slots.publish()
+        self._metrics.task_duration.labels(running.lane.value).observe(self._clock() - started)
+        label = {"pending": "retried", RELEASED: RELEASED}.get(outcome.status, outcome.status)
+        self._metrics.outcomes.labels(running.type, label).inc()
+        self._outcomes.put(outcome)
+
+    async def _attempt(self, running: Running, payload: Any) -> Outcome:
+        """Run the handler once; map what happened to an outcome (retry rules applied)."""
+        try:
+            result = await self._invoke(running, payload)
+        except PermanentError as exc:
+            return self._failure(running, exc, permanent=True)
+        except _Timeout as exc:
+            return self._failure(running, exc, permanent=False)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return self._failure(running, exc, permanent=False)
+        try:
+            encoded = json.dumps(result, default=to_jsonable_python, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            return self._failure(
+                running, PermanentError(f"result is not JSON-serialisable: {exc}"), permanent=True
+            )
+        if len(encoded) > MAX_RESULT_BYTES:
+            return self._failure(
+                running, PermanentError("result is larger than 1 MiB"), permanent=True
+            )
+        return Outcome(running.id, TaskStatus.COMPLETED.value, result=encoded)
+
+    async def _invoke(self, running: Running, payload: Any) -> Any:
+        if running.type == RUNTIME_CONFIG_TASK_TYPE:
+            return await self._run_control(running.id, payload)
+        definition = self._registry.get(running.type)
+        if definition is None or definition.internal:
+            raise PermanentError(
+                f"no handler for task type {running.type!r} on worker {self._worker_id}"
+            )
+        try:
+            params = definition.validate(payload)
+        except ValidationError as exc:
+            raise PermanentError(f"invalid payload: {exc}") from exc
+
+        async def call() -> Any:
+            if definition.is_async:
+                return await definition.func(params)
+            return await asyncio.to_thread(definition.func, params)
+
+        if running.timeout is None:
+            return await call()
+        try:
+            async with asyncio.timeout(running.timeout) as scope:
+                return await call()
+        except TimeoutError as exc:
+            if scope.expired():
+                raise _Timeout(f"timed out after {running.timeout:g}s") from exc
+            raise
+
+    def _failure(self, running: Running, exc: BaseException, *, permanent: bool) -> Outcome:
+        if isinstance(exc, (PermanentError, _Timeout)) and not exc.__cause__:
+            message = f"{type(exc).__name__}: {exc}"
+        else:
+            message = "".join(traceback.format_exception(exc))
+        message = message[-MAX_ERROR_CHARS:]
+        definition = self._registry.get(running.type)
+        policy = (definition.backoff if definition else None) or self._backoff
+        if not permanent and running.attempts < running.max_attempts:
+            return Outcome(
+                running.id,
+                TaskStatus.PENDING.value,
+                error=message,
+                retry_in=policy.delay(running.attempts),
+            )
+        return Outcome(running.id, TaskStatus.FAILED.value, error=message)
