@@ -23,7 +23,7 @@ from taskfleet.shared.policy.claim_plan import ClaimPlan, ClaimPlanner
 from taskfleet.shared.policy.groups import GroupKey, group_name
 from taskfleet.shared.policy.lanes import Lane
 from taskfleet.shared.settings import WorkerSettings
-from taskfleet.worker.database import Database
+from taskfleet.worker.database import Database, rejected_statement
 from taskfleet.worker.executor import Executor
 from taskfleet.worker.outcomes import DATABASE_ERRORS, OutcomeWriter, finish_params, report_lost
 from taskfleet.worker.slots import Running, Slots
@@ -170,7 +170,9 @@ class ClaimLoop:
                     lease_ttl=self._settings.lease_ttl,
                 )
             except DATABASE_ERRORS as exc:
-                self._outcomes.put_back(outcomes)  # never drop an outcome: next time
+                # Never drop an outcome. If the server refused the statement, one of them may
+                # be at fault: they go out on their own, and the next claim carries none.
+                self._outcomes.put_back(outcomes, refused=rejected_statement(exc))
                 delay = retry.next()
                 log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
                 self._outcomes.claim_waiting()

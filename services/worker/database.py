@@ -21,6 +21,19 @@ log = logging.getLogger(__name__)
 STATEMENT_TIMEOUT = 30.0
 
 
+#: SQLSTATE classes of errors that are the statement's own fault (bad data, a broken constraint,
+#: a limit): sending the same statement again cannot succeed.
+_REJECTED_CLASSES = ("22", "23", "42", "54")
+
+
+def rejected_statement(exc: BaseException) -> bool:
+    """True when the server refused the statement itself, not the connection or the moment."""
+    if not isinstance(exc, asyncpg.PostgresError):
+        return False
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    return sqlstate[:2] in _REJECTED_CLASSES
+
+
 class Database:
     """One connection used by one concern (claims, or finishes and ticks). Statements on it are
     serialised; a broken connection is dropped and the next statement reconnects."""

@@ -19,6 +19,7 @@ from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, Lane
 from taskfleet.shared.registry import PermanentError, TaskRegistry
 from taskfleet.shared.schema import TaskStatus
+from taskfleet.shared.storable import cap_text, escape_text, json_problem
 from taskfleet.worker.outcomes import RELEASED, Outcome, OutcomeWriter
 from taskfleet.worker.slots import Running, Slots
 
@@ -31,6 +32,46 @@ ControlRunner = Callable[[int, Any], Awaitable[Any]]
 
 class _Timeout(Exception):
     """The task's own timeout expired."""
+
+
+class UnstorableResult(Exception):
+    """A handler's result that cannot be stored; the message says why, for ``last_error``."""
+
+
+def encode_result(result: Any) -> str:
+    """The JSON text to store for a handler's result; :class:`UnstorableResult` when Postgres
+    could not store it (not JSON, NaN or Infinity, NUL or a lone surrogate, over 1 MiB).
+
+    Such a result fails its attempt for good, with the reason: the handler would return the same
+    again, and a stored result that differs from what the handler returned would be worse."""
+    try:
+        encoded = json.dumps(
+            result,
+            default=to_jsonable_python,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError) as exc:
+        raise UnstorableResult(f"result is not JSON-serialisable: {exc}") from None
+    try:
+        size = len(encoded.encode("utf-8"))
+        suspect = "\\u0000" in encoded  # jsonb refuses the escaped NUL
+    except UnicodeEncodeError:
+        size, suspect = len(encoded), True
+    if suspect and (problem := json_problem(json.loads(encoded))) is not None:
+        raise UnstorableResult(
+            f"result cannot be stored: {problem}, which Postgres cannot store"
+        ) from None
+    if size > MAX_RESULT_BYTES:
+        raise UnstorableResult("result is larger than 1 MiB")
+    return encoded
+
+
+def storable_error(message: str) -> str:
+    """An error text Postgres can store: NULs and lone surrogates escaped, the size capped with a
+    note saying how much was cut (the start and the end, where the handler's words are, kept)."""
+    return cap_text(escape_text(message), MAX_ERROR_CHARS)
 
 
 class Executor:
@@ -120,15 +161,9 @@ class Executor:
         except Exception as exc:
             return self._failure(running, exc, permanent=False)
         try:
-            encoded = json.dumps(result, default=to_jsonable_python, separators=(",", ":"))
-        except (TypeError, ValueError) as exc:
-            return self._failure(
-                running, PermanentError(f"result is not JSON-serialisable: {exc}"), permanent=True
-            )
-        if len(encoded) > MAX_RESULT_BYTES:
-            return self._failure(
-                running, PermanentError("result is larger than 1 MiB"), permanent=True
-            )
+            encoded = encode_result(result)
+        except UnstorableResult as exc:
+            return self._failure(running, PermanentError(str(exc)), permanent=True)
         return Outcome(running.id, TaskStatus.COMPLETED.value, result=encoded)
 
     async def _invoke(self, running: Running, payload: Any) -> Any:
@@ -164,7 +199,7 @@ class Executor:
             message = f"{type(exc).__name__}: {exc}"
         else:
             message = "".join(traceback.format_exception(exc))
-        message = message[-MAX_ERROR_CHARS:]
+        message = storable_error(message)
         definition = self._registry.get(running.type)
         policy = (definition.backoff if definition else None) or self._backoff
         if not permanent and running.attempts < running.max_attempts:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from taskfleet.shared import queries
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.schema import TaskStatus
-from taskfleet.worker.database import Database
+from taskfleet.shared.storable import escape_text
+from taskfleet.worker.database import Database, rejected_statement
 
 log = logging.getLogger("taskfleet.worker")
 
@@ -39,6 +40,8 @@ class Outcome:
     result: str | None = None
     error: str | None = None
     retry_in: float = 0.0
+    #: A statement carrying it was refused: write it on its own, never with a claim.
+    alone: bool = False
 
 
 def finish_params(outcomes: list[Outcome]) -> dict[str, list[Any]]:
@@ -75,15 +78,20 @@ class OutcomeWriter:
         self._queue.append(outcome)
         self._event.set()
 
-    def put_back(self, outcomes: list[Outcome]) -> None:
-        """Outcomes a failed statement carried: first in line again, never dropped."""
+    def put_back(self, outcomes: list[Outcome], *, refused: bool = False) -> None:
+        """Outcomes a failed statement carried: first in line again, never dropped. ``refused``:
+        the server refused the statement itself, so one of them may be at fault; the finish
+        loop writes them one by one, apart from the claims."""
+        if refused:
+            outcomes = [replace(o, alone=True) for o in outcomes]
+            self._event.set()
         self._queue[:0] = outcomes
 
     def take_for_claim(self) -> list[Outcome]:
         """Outcomes to write with the next claim (drain releases go by ``task_release``)."""
-        taken = [o for o in self._queue if o.status != RELEASED]
+        taken = [o for o in self._queue if o.status != RELEASED and not o.alone]
         if taken:
-            self._queue = [o for o in self._queue if o.status == RELEASED]
+            self._queue = [o for o in self._queue if o.status == RELEASED or o.alone]
         return taken
 
     def claim_waiting(self) -> None:
@@ -119,15 +127,24 @@ class OutcomeWriter:
         while True:
             await self._event.wait()
             self._event.clear()
-            if not self._queue or (self.claim_pending and not self._stopping):
+            alone = any(o.alone for o in self._queue)
+            if not self._queue or (self.claim_pending and not self._stopping and not alone):
                 # The claim loop is about to claim: the outcomes ride along in that statement.
                 continue
             batch, self._queue = self._queue, []
             self._flushing = True
             try:
-                await self._write(batch)
+                if alone:
+                    await self._write_one_by_one(batch)
+                else:
+                    await self._write(batch)
                 retry.reset()
             except DATABASE_ERRORS as exc:
+                if rejected_statement(exc):
+                    # One outcome the server refuses must never block the others: split.
+                    self._queue[:0] = [replace(o, alone=True) for o in batch]
+                    self._event.set()
+                    continue
                 # Never drop an outcome: put it back and try again.
                 self._queue[:0] = batch
                 delay = retry.next()
@@ -138,6 +155,33 @@ class OutcomeWriter:
                 self._event.set()
             finally:
                 self._flushing = False
+
+    async def _write_one_by_one(self, batch: list[Outcome]) -> None:
+        """Each outcome in a statement of its own; one the server refuses is written as a
+        failure saying why, so the task ends and its slot's lease is not held for nothing."""
+        for index, outcome in enumerate(batch):
+            try:
+                try:
+                    await self._write([replace(outcome, alone=False)])
+                except DATABASE_ERRORS as exc:
+                    if not rejected_statement(exc):
+                        raise
+                    log.error(
+                        "task %d: the database refused its outcome %s (%s); failing it",
+                        outcome.id,
+                        outcome.status,
+                        exc,
+                    )
+                    try:
+                        await self._write([refused_outcome(outcome, exc)])
+                    except DATABASE_ERRORS as again:
+                        if not rejected_statement(again):
+                            raise
+                        # Nothing more to try: the lease expires and the sweep ends it.
+                        log.error("task %d: the failure was refused too (%s)", outcome.id, again)
+            except BaseException:
+                self._queue[:0] = batch[index:]
+                raise
 
     async def _write(self, batch: list[Outcome]) -> None:
         finished = [o for o in batch if o.status != RELEASED]
@@ -157,6 +201,18 @@ class OutcomeWriter:
                 reason="interrupted by worker shutdown; returned to pending",
             )
             report_lost(released, [r["id"] for r in rows])
+
+
+def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
+    """What is written instead of an outcome the database refused: a failure, with the reason."""
+    sqlstate = getattr(exc, "sqlstate", None) or "?"
+    first_line = escape_text(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__
+    return Outcome(
+        outcome.id,
+        TaskStatus.FAILED.value,
+        error=f"the database refused this attempt's outcome ({outcome.status}): "
+        f"SQLSTATE {sqlstate}: {first_line}",
+    )
 
 
 def report_lost(written: list[Outcome], written_ids: list[int]) -> None:

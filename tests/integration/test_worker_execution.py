@@ -141,3 +141,34 @@ async def test_a_pending_task_is_cancelled_at_once_and_never_runs(database_url: 
     assert row["attempts"] == 0
     assert kit.INVOCATIONS[(key, 0)] == 0
     assert kit.INVOCATIONS[(key, 1)] == 1
+
+
+async def test_an_outcome_the_database_refuses_blocks_neither_the_others_nor_the_claims(
+    database_url: str,
+) -> None:
+    # The executor makes every outcome storable before it is queued; this is the net under it:
+    # an outcome the server still refuses is split from the batch and written as a failure.
+    from taskfleet.worker.outcomes import Outcome
+
+    key = uuid.uuid4().hex
+    async with kit.connect(database_url) as conn, kit.running_worker(database_url) as worker:
+        # Not claimable (an hour away), then marked as if this worker held them.
+        bad, good = await kit.submit(
+            conn, "kit.count", [{"key": key, "i": 0}, {"key": key, "i": 1}], delay=3600
+        )
+        await conn.execute(
+            "UPDATE taskfleet.tasks SET status = 'running', worker_id = 'w1', attempts = 1,"
+            " lease_expires_at = now() + interval '1 minute' WHERE id = ANY($1::bigint[])",
+            [bad, good],
+        )
+        worker.outcomes.put(Outcome(bad, "completed", result='{"text": "a\\u0000b"}'))
+        worker.outcomes.put(Outcome(good, "completed", result='{"fine": true}'))
+        rows = await kit.wait_tasks(conn, [bad, good])
+        assert rows[good]["status"] == "completed"
+        assert rows[good]["result"] == {"fine": True}
+        assert rows[bad]["status"] == "failed"
+        assert "the database refused this attempt's outcome (completed)" in rows[bad]["last_error"]
+        # And the worker goes on claiming.
+        (later,) = await kit.submit(conn, "kit.count", [{"key": key, "i": 2}])
+        assert (await kit.wait_task(conn, later))["status"] == "completed"
+    assert kit.INVOCATIONS[(key, 0)] == 0 and kit.INVOCATIONS[(key, 2)] == 1
