@@ -193,24 +193,32 @@ task_queue_stats = _query(
 # --------------------------------------------------------------------------------------------
 
 # The outcome columns of a finished attempt; shared by task_finish_batch and task_claim (which
-# writes the outcomes gathered since the previous claim in the same round trip).
-_FINISH_SET = """
-    SET status = d.status,
+# writes the outcomes gathered since the previous claim in the same round trip). A retry of a
+# task whose cancel was requested ends it cancelled instead: a cancel is never lost to a retry.
+_RETRY_CANCELLED = "(d.status = 'pending' AND t.cancel_requested)"
+_FINAL_STATUS = f"(CASE WHEN {_RETRY_CANCELLED} THEN 'cancelled' ELSE d.status END)"
+_FINISH_SET = f"""
+    SET status = {_FINAL_STATUS},
         result = CAST(d.result AS jsonb),
-        last_error = d.error,
-        finished_at = CASE WHEN d.status = 'pending' THEN NULL ELSE now() END,
-        run_after = CASE WHEN d.status = 'pending'
+        last_error = CASE WHEN {_RETRY_CANCELLED}
+                          THEN 'cancelled: requested while attempt ' || t.attempts
+                               || ' ran, which then failed: ' || COALESCE(d.error, '?')
+                          ELSE d.error END,
+        finished_at = CASE WHEN {_FINAL_STATUS} = 'pending' THEN NULL ELSE now() END,
+        run_after = CASE WHEN {_FINAL_STATUS} = 'pending'
                          THEN now() + make_interval(secs => d.retry_in) ELSE t.run_after END,
-        worker_id = CASE WHEN d.status = 'pending' THEN NULL ELSE t.worker_id END,
+        worker_id = CASE WHEN {_FINAL_STATUS} = 'pending' THEN NULL ELSE t.worker_id END,
         lease_expires_at = NULL
-    FROM unnest(CAST(:fin_ids AS bigint[]), CAST(:fin_statuses AS text[]),
-                CAST(:fin_results AS text[]), CAST(:fin_errors AS text[]),
-                CAST(:fin_retry_in AS float8[]))
-         AS d(id, status, result, error, retry_in)
-    -- Guarded by (worker_id, status = 'running'): a worker that lost its lease changes nothing.
+    FROM unnest(CAST(:fin_ids AS bigint[]), CAST(:fin_attempts AS int[]),
+                CAST(:fin_statuses AS text[]), CAST(:fin_results AS text[]),
+                CAST(:fin_errors AS text[]), CAST(:fin_retry_in AS float8[]))
+         AS d(id, attempt, status, result, error, retry_in)
+    -- Fenced by (worker_id, status = 'running', attempts = the attempt that ran): a worker that
+    -- lost its lease, or runs a later attempt of the same task, changes nothing with this one.
     -- id = ANY(...) gives the planner an index condition on the key.
     WHERE t.id = d.id AND t.id = ANY(CAST(:fin_ids AS bigint[]))
       AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
+      AND t.attempts = d.attempt
 """
 
 
@@ -328,14 +336,24 @@ task_finish_batch = _query(
 task_release = _query(
     "task_release",
     f"""
-    -- Graceful shutdown: give unfinished tasks back (the interrupted attempt is not counted).
+    -- Graceful shutdown: give unfinished tasks back (the interrupted attempt is not counted),
+    -- except those whose cancel was requested: they end cancelled. Fenced like a finish.
     WITH released AS (
         UPDATE taskfleet.tasks t
-        SET status = 'pending', worker_id = NULL, lease_expires_at = NULL, run_after = now(),
-            attempts = GREATEST(t.attempts - 1, 0),
-            last_error = CAST(:reason AS text)
-        WHERE t.id = ANY(CAST(:ids AS bigint[])) AND t.worker_id = CAST(:worker_id AS text)
-          AND t.status = 'running'
+        SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+            worker_id = CASE WHEN t.cancel_requested THEN t.worker_id END,
+            finished_at = CASE WHEN t.cancel_requested THEN now() END,
+            lease_expires_at = NULL, run_after = now(),
+            attempts = CASE WHEN t.cancel_requested THEN t.attempts
+                            ELSE GREATEST(t.attempts - 1, 0) END,
+            last_error = CASE WHEN t.cancel_requested
+                              THEN 'cancelled: requested while attempt ' || t.attempts
+                                   || ' ran; the worker shut down before it ended'
+                              ELSE CAST(:reason AS text) END
+        FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS r(id, attempt)
+        WHERE t.id = r.id AND t.id = ANY(CAST(:ids AS bigint[]))
+          AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
+          AND t.attempts = r.attempt
         RETURNING t.id
     )
     SELECT released.id FROM released
@@ -385,11 +403,21 @@ worker_tick = _query(
     -- ... and the leases of all the tasks it holds, in the same statement. Only those it
     -- names: a row left running under this id by an earlier process (a crash, a lost claim
     -- reply) must expire and be rescued, not be kept alive forever.
+    -- Fenced by attempt; a row locked by someone else right now (a finish of ours in flight,
+    -- a cancel) is skipped, not waited for: the heartbeat never queues behind a row lock.
+    held AS (
+        SELECT t.id FROM taskfleet.tasks t
+        JOIN unnest(CAST(:held AS bigint[]), CAST(:held_attempts AS int[])) AS h(id, attempt)
+          ON t.id = h.id AND t.attempts = h.attempt
+        WHERE t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
+          AND t.id = ANY(CAST(:held AS bigint[]))
+        FOR UPDATE OF t SKIP LOCKED
+    ),
     leases AS (
         UPDATE taskfleet.tasks t
         SET lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
-        WHERE t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
-          AND t.id = ANY(CAST(:held AS bigint[]))
+        FROM held
+        WHERE t.id = held.id
         RETURNING t.id, t.cancel_requested
     ),
     -- The sweep, when due, by one worker at a time (try-lock: a busy lock means someone sweeps).
@@ -403,15 +431,21 @@ worker_tick = _query(
           AND NOT (t.worker_id = CAST(:worker_id AS text) AND t.id = ANY(CAST(:held AS bigint[])))
         FOR UPDATE OF t SKIP LOCKED
     ),
-    -- Expired leases: back to pending (the attempt stays counted), or failed when exhausted.
+    -- Expired leases: back to pending (the attempt stays counted), or failed when exhausted,
+    -- or cancelled when a cancel was requested (never pending again: it would be run again).
     rescued AS (
         UPDATE taskfleet.tasks t
-        SET status = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' END,
-            finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
-            last_error = 'lease expired: worker ' || COALESCE(t.worker_id, '?')
+        SET status = CASE WHEN t.cancel_requested THEN 'cancelled'
+                          WHEN t.attempts >= t.max_attempts THEN 'failed'
+                          ELSE 'pending' END,
+            finished_at = CASE WHEN t.cancel_requested OR t.attempts >= t.max_attempts
+                               THEN now() END,
+            last_error = CASE WHEN t.cancel_requested THEN 'cancelled as requested; ' ELSE '' END
+                         || 'lease expired: worker ' || COALESCE(t.worker_id, '?')
                          || ' stopped heartbeating during attempt ' || t.attempts
                          || ' of ' || t.max_attempts,
-            worker_id = CASE WHEN t.attempts >= t.max_attempts THEN t.worker_id END,
+            worker_id = CASE WHEN t.cancel_requested OR t.attempts >= t.max_attempts
+                             THEN t.worker_id END,
             lease_expires_at = NULL,
             run_after = now()
         FROM expired

@@ -85,6 +85,10 @@ tasks = Table(
     CheckConstraint("weight >= 1", name="tasks_weight_positive"),
     CheckConstraint("max_attempts >= 1", name="tasks_max_attempts_positive"),
     CheckConstraint("timeout IS NULL OR timeout > 0", name="tasks_timeout_positive"),
+    # A cancel request ends the task at its next transition: it is never queued again.
+    CheckConstraint(
+        "NOT (status = 'pending' AND cancel_requested)", name="tasks_cancel_never_pending"
+    ),
     # Claim paths: one partial index per lane, in exactly the lane's claim order, so a claim is an
     # index scan over pending rows only, however many finished rows the table holds.
     Index(

@@ -17,8 +17,12 @@ from taskfleet.shared.queries import Query
 
 log = logging.getLogger(__name__)
 
-#: Bound on any one statement, so a hung server cannot wedge a loop forever.
+#: Bound on any one statement, so a hung server cannot wedge a loop forever. The server enforces
+#: it (its statement_timeout ends the statement and releases its locks); the client waits a
+#: little longer, for a server that does not answer at all.
 STATEMENT_TIMEOUT = 30.0
+CLIENT_TIMEOUT_MARGIN = 2.0
+CONNECT_TIMEOUT = 30.0
 
 
 #: SQLSTATE classes of errors that are the statement's own fault (bad data, a broken constraint,
@@ -35,11 +39,20 @@ def rejected_statement(exc: BaseException) -> bool:
 
 
 class Database:
-    """One connection used by one concern (claims, or finishes and ticks). Statements on it are
-    serialised; a broken connection is dropped and the next statement reconnects."""
+    """One connection used by one concern (claims; outcomes and config reads; the heartbeat).
+    Statements on it are serialised; a broken connection is dropped and the next statement
+    reconnects."""
 
-    def __init__(self, url: str, application_name: str, *, synchronous_commit: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        application_name: str,
+        *,
+        synchronous_commit: bool = True,
+        statement_timeout: float = STATEMENT_TIMEOUT,
+    ) -> None:
         self._url = url
+        self._timeout = statement_timeout
         self._synchronous_commit = synchronous_commit
         self._application_name = application_name
         self._conn: asyncpg.Connection | None = None
@@ -53,8 +66,9 @@ class Database:
                     self._url,
                     application_name=self._application_name,
                     synchronous_commit=self._synchronous_commit,
+                    statement_timeout=self._timeout,
                 ),
-                STATEMENT_TIMEOUT,
+                CONNECT_TIMEOUT,
             )
         return self._conn
 
@@ -63,13 +77,16 @@ class Database:
         async with self._lock:
             try:
                 conn = await self._connection()
-                rows: list[asyncpg.Record] = await conn.fetch(sql, *args, timeout=STATEMENT_TIMEOUT)
+                rows: list[asyncpg.Record] = await conn.fetch(
+                    sql, *args, timeout=self._timeout + CLIENT_TIMEOUT_MARGIN
+                )
             except asyncpg.PostgresError as exc:
                 # The server answered with an error: the connection is still good, unless the
                 # error is the server going away (admin shutdown, crash recovery, ...).
+                # A statement the server timed out (QueryCanceledError) leaves it usable.
                 if isinstance(
                     exc, (asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError)
-                ):
+                ) and not isinstance(exc, asyncpg.QueryCanceledError):
                     self._discard()
                 self.healthy = False
                 raise

@@ -107,37 +107,50 @@ class Executor:
             self._execute(running, payload), name=f"task-{running.id}"
         )
         if cancel_requested:
-            self.cancel(running.id, "user")
+            self._interrupt(running, "user")
 
     def cancel(self, task_id: int, reason: str) -> None:
-        running = self._slots.get(task_id)
-        if running is None or running.task is None or running.task.done():
-            return
-        if running.cancel_reason is None:
-            running.cancel_reason = reason
-            running.task.cancel()
+        """Interrupt every attempt of ``task_id`` running here (a cancel request)."""
+        for running in self._slots.of_task(task_id):
+            if running.cancel_reason is None:
+                self._interrupt(running, reason)
 
     def interrupt_all(self) -> int:
         """Drain timeout: interrupt every attempt still running (each is given back)."""
         unfinished = [r for r in self._slots.all() if r.task is not None and not r.task.done()]
         for running in unfinished:
-            running.cancel_reason = "shutdown"
-            assert running.task is not None
-            running.task.cancel()
+            self._interrupt(running, "shutdown")
         return len(unfinished)
 
+    @staticmethod
+    def _interrupt(running: Running, reason: str) -> None:
+        if running.task is None or running.task.done():
+            return
+        running.cancel_reason = reason
+        if running.started:
+            running.task.cancel()
+        # Not started yet: cancelling now would skip its clean-up (the slot would never be
+        # freed); it sees the reason on its first step instead.
+
     async def _execute(self, running: Running, payload: Any) -> None:
+        running.started = True
         started = self._clock()
         try:
+            if running.cancel_reason is not None:
+                raise asyncio.CancelledError
             outcome = await self._attempt(running, payload)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
             if running.cancel_reason == "user":
-                outcome = Outcome(running.id, TaskStatus.CANCELLED.value, error="cancelled")
+                outcome = Outcome(
+                    running.id, running.attempts, TaskStatus.CANCELLED.value, error="cancelled"
+                )
             else:
-                outcome = Outcome(running.id, RELEASED, error="interrupted by worker shutdown")
+                outcome = Outcome(
+                    running.id, running.attempts, RELEASED, error="interrupted by worker shutdown"
+                )
         finally:
             self._slots.remove(running)
             if running.lane is Lane.CONTROL:
@@ -164,7 +177,7 @@ class Executor:
             encoded = encode_result(result)
         except UnstorableResult as exc:
             return self._failure(running, PermanentError(str(exc)), permanent=True)
-        return Outcome(running.id, TaskStatus.COMPLETED.value, result=encoded)
+        return Outcome(running.id, running.attempts, TaskStatus.COMPLETED.value, result=encoded)
 
     async def _invoke(self, running: Running, payload: Any) -> Any:
         if running.type == RUNTIME_CONFIG_TASK_TYPE:
@@ -205,8 +218,9 @@ class Executor:
         if not permanent and running.attempts < running.max_attempts:
             return Outcome(
                 running.id,
+                running.attempts,
                 TaskStatus.PENDING.value,
                 error=message,
                 retry_in=policy.delay(running.attempts),
             )
-        return Outcome(running.id, TaskStatus.FAILED.value, error=message)
+        return Outcome(running.id, running.attempts, TaskStatus.FAILED.value, error=message)

@@ -46,7 +46,8 @@ class TickState:
     inflight: int
     strict_inflight: int
     applied_version: int
-    held: list[int]
+    #: (task id, attempt) whose leases this process holds.
+    held: list[tuple[int, int]]
 
 
 class Heartbeat:
@@ -89,7 +90,8 @@ class Heartbeat:
                     strict_inflight=state.strict_inflight,
                     applied_version=state.applied_version,
                     worker_id=self._worker_id,
-                    held=state.held,
+                    held=[task_id for task_id, _ in state.held],
+                    held_attempts=[attempt for _, attempt in state.held],
                     lease_ttl=settings.lease_ttl,
                     sweep=sweep,
                     sweep_lock_key=queries.SWEEP_LOCK_KEY,

@@ -36,6 +36,8 @@ class Outcome:
     """A finished attempt waiting to be written."""
 
     id: int
+    #: The attempt this is the outcome of: the write is fenced by it.
+    attempt: int
     status: str  # completed | failed | cancelled | pending (retry) | released (drain)
     result: str | None = None
     error: str | None = None
@@ -48,6 +50,7 @@ def finish_params(outcomes: list[Outcome]) -> dict[str, list[Any]]:
     """The ``fin_*`` parameters of ``task_finish_batch`` and ``task_claim``."""
     return {
         "fin_ids": [o.id for o in outcomes],
+        "fin_attempts": [o.attempt for o in outcomes],
         "fin_statuses": [o.status for o in outcomes],
         "fin_results": [o.result for o in outcomes],
         "fin_errors": [o.error for o in outcomes],
@@ -100,9 +103,10 @@ class OutcomeWriter:
         if self._queue:
             self._event.set()
 
-    def held_ids(self) -> list[int]:
-        """Tasks finished here whose outcome is not written yet (their leases stay ours)."""
-        return [o.id for o in self._queue]
+    def held(self) -> list[tuple[int, int]]:
+        """(task id, attempt) finished here whose outcome is not written yet (the lease stays
+        ours)."""
+        return [(o.id, o.attempt) for o in self._queue]
 
     @property
     def busy(self) -> bool:
@@ -197,6 +201,7 @@ class OutcomeWriter:
             rows = await self._db.fetch(
                 queries.task_release,
                 ids=[o.id for o in released],
+                attempts=[o.attempt for o in released],
                 worker_id=self._worker_id,
                 reason="interrupted by worker shutdown; returned to pending",
             )
@@ -209,6 +214,7 @@ def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
     first_line = escape_text(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__
     return Outcome(
         outcome.id,
+        outcome.attempt,
         TaskStatus.FAILED.value,
         error=f"the database refused this attempt's outcome ({outcome.status}): "
         f"SQLSTATE {sqlstate}: {first_line}",

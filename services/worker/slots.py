@@ -30,14 +30,26 @@ class Running:
     task: asyncio.Task[None] | None = None
     #: Why we cancelled it: "user" (cancel requested) or "shutdown" (drain timed out).
     cancel_reason: str | None = None
+    #: The attempt's coroutine has begun (a task cancelled before its first step never runs
+    #: its own clean-up, so it is not cancelled then: it sees ``cancel_reason`` when it starts).
+    started: bool = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.id, self.attempts)
+
+
+#: A slot's key: (task id, attempt). The same task can be here twice, when this worker lost the
+#: lease of one attempt and claimed the next: each keeps its own slot until its code returns.
+SlotKey = tuple[int, int]
 
 
 class Slots:
-    """Running tasks by id, with per-lane counts kept alongside."""
+    """Running attempts by (task id, attempt), with per-lane counts kept alongside."""
 
     def __init__(self, concurrency: int, metrics: WorkerMetrics) -> None:
         self.concurrency = concurrency
-        self._running: dict[int, Running] = {}
+        self._running: dict[SlotKey, Running] = {}
         self._lane_counts: Counter[Lane] = Counter({lane: 0 for lane in Lane})
         #: Set whenever a slot frees (the claim loop waits on it when every slot is busy).
         self.freed = asyncio.Event()
@@ -46,24 +58,26 @@ class Slots:
         metrics.concurrency.set(concurrency)
 
     def add(self, running: Running) -> None:
-        self._running[running.id] = running
+        self._running[running.key] = running
         self._lane_counts[running.lane] += 1
 
     def remove(self, running: Running) -> bool:
         """Free ``running``'s slot; False when it was not held."""
-        held = self._running.pop(running.id, None) is not None
+        held = self._running.get(running.key) is running
         if held:
+            del self._running[running.key]
             self._lane_counts[running.lane] -= 1
         self.freed.set()
         return held
 
-    def get(self, task_id: int) -> Running | None:
-        return self._running.get(task_id)
+    def of_task(self, task_id: int) -> list[Running]:
+        """Every attempt of ``task_id`` running here (usually one)."""
+        return [r for key, r in self._running.items() if key[0] == task_id]
 
     def all(self) -> list[Running]:
         return list(self._running.values())
 
-    def held_ids(self) -> list[int]:
+    def held(self) -> list[SlotKey]:
         return list(self._running)
 
     def __len__(self) -> int:

@@ -37,7 +37,7 @@ from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.claim_loop import ClaimLoop
 from taskfleet.worker.config_follower import ConfigFollower
 from taskfleet.worker.config_update import ConfigWriter
-from taskfleet.worker.database import Database
+from taskfleet.worker.database import STATEMENT_TIMEOUT, Database
 from taskfleet.worker.executor import Executor
 from taskfleet.worker.heartbeat import Heartbeat, TickHandlers, TickState
 from taskfleet.worker.listener import Listener
@@ -77,6 +77,14 @@ class Worker:
         sync = settings.synchronous_commit
         self._claim_db = Database(url, "taskfleet-worker-claim", synchronous_commit=sync)
         self._io_db = Database(url, "taskfleet-worker-io", synchronous_commit=sync)
+        # The heartbeat on a connection of its own, bounded well inside the lease: a slow
+        # finish or config read must never cost the leases of everything running here.
+        self._tick_db = Database(
+            url,
+            "taskfleet-worker-tick",
+            synchronous_commit=sync,
+            statement_timeout=min(STATEMENT_TIMEOUT, max(settings.lease_ttl / 2, 2.0)),
+        )
 
         self.slots = Slots(settings.concurrency, self.metrics)
         self.outcomes = OutcomeWriter(
@@ -115,7 +123,7 @@ class Worker:
         self.heartbeat = Heartbeat(
             settings=settings,
             worker_id=self.id,
-            database=self._io_db,
+            database=self._tick_db,
             metrics=self.metrics,
             state=self._tick_state,
             handlers=TickHandlers(
@@ -288,6 +296,7 @@ class Worker:
         await self.listener.stop()
         await self._claim_db.close()
         await self._io_db.close()
+        await self._tick_db.close()
 
     async def _set_status(self, status: WorkerStatus) -> None:
         await self._io_db.fetch(
@@ -313,7 +322,7 @@ class Worker:
             strict_inflight=self.strict_inflight,
             applied_version=self.applied_version,
             # Running, or finished with the outcome not yet written: the lease stays ours.
-            held=[*self.slots.held_ids(), *self.outcomes.held_ids()],
+            held=[*self.slots.held(), *self.outcomes.held()],
         )
 
     def _control_pending(self) -> None:

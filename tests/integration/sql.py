@@ -88,11 +88,17 @@ Outcome = tuple[int, str]
 
 
 def outcome_params(
-    outcomes: Sequence[Outcome], *, error: str | None = None, retry_in: float = 0.0
+    outcomes: Sequence[Outcome],
+    *,
+    error: str | None = None,
+    retry_in: float = 0.0,
+    attempts: Sequence[int] | None = None,
 ) -> dict[str, list[Any]]:
-    """The ``fin_*`` parameters shared by ``task_finish_batch`` and ``task_claim``."""
+    """The ``fin_*`` parameters shared by ``task_finish_batch`` and ``task_claim``. ``attempts``:
+    the attempt each outcome is of (the fence); default 1 each."""
     return {
         "fin_ids": [i for i, _ in outcomes],
+        "fin_attempts": list(attempts) if attempts is not None else [1] * len(outcomes),
         "fin_statuses": [s for _, s in outcomes],
         "fin_results": ['{"ok": true}' if s == "completed" else None for _, s in outcomes],
         "fin_errors": [None if s == "completed" else error for _, s in outcomes],
@@ -128,11 +134,14 @@ async def claim(
     lease_ttl: float = LEASE_TTL,
     outcomes: Sequence[Outcome] = (),
     error: str | None = None,
+    attempts: Sequence[int] | None = None,
 ) -> Claim:
+    if attempts is None:
+        attempts = await current_attempts(conn, [i for i, _ in outcomes])
     rows = await run(
         conn,
         q.task_claim,
-        **outcome_params(outcomes, error=error),
+        **outcome_params(outcomes, error=error, attempts=attempts),
         control_limit=control,
         strict_limit=strict,
         configured=list(configured),
@@ -182,6 +191,7 @@ async def tick(
     worker_id: str,
     *,
     held: Sequence[int] = (),
+    held_attempts: Sequence[int] | None = None,
     sweep: bool = False,
     inflight: int = 0,
     strict_inflight: int = 0,
@@ -189,7 +199,10 @@ async def tick(
     lease_ttl: float = LEASE_TTL,
 ) -> list[tuple[str, int | None, str | None]]:
     """``worker_tick`` as (kind, id, status) tuples; ``held`` are the task ids this worker
-    process runs (only their leases are renewed)."""
+    process runs (only their leases are renewed), each at its current attempt unless
+    ``held_attempts`` says otherwise."""
+    if held_attempts is None:
+        held_attempts = await current_attempts(conn, held)
     rows = await run(
         conn,
         q.worker_tick,
@@ -197,6 +210,7 @@ async def tick(
         strict_inflight=strict_inflight,
         applied_version=applied_version,
         held=list(held),
+        held_attempts=list(held_attempts),
         worker_id=worker_id,
         lease_ttl=lease_ttl,
         sweep=sweep,
@@ -216,15 +230,28 @@ async def finish(
     *,
     error: str | None = None,
     retry_in: float = 0.0,
+    attempts: Sequence[int] | None = None,
 ) -> list[Outcome]:
-    """``task_finish_batch`` for (id, status) pairs; the rows it changed."""
+    """``task_finish_batch`` for (id, status) pairs, each of its current attempt unless
+    ``attempts`` says otherwise; the rows it changed."""
+    if attempts is None:
+        attempts = await current_attempts(conn, [i for i, _ in outcomes])
     rows = await run(
         conn,
         q.task_finish_batch,
-        **outcome_params(outcomes, error=error, retry_in=retry_in),
+        **outcome_params(outcomes, error=error, retry_in=retry_in, attempts=attempts),
         worker_id=worker_id,
     )
     return sorted((r["id"], r["status"]) for r in rows)
+
+
+async def current_attempts(conn: asyncpg.Connection, ids: Sequence[int]) -> list[int]:
+    """Each task's attempts column now (the attempt a worker holding it runs)."""
+    rows = await conn.fetch(
+        "SELECT id, attempts FROM taskfleet.tasks WHERE id = ANY($1::bigint[])", list(ids)
+    )
+    by_id = {r["id"]: r["attempts"] for r in rows}
+    return [by_id.get(i, 0) for i in ids]
 
 
 async def expire_leases(conn: asyncpg.Connection, ids: Sequence[int]) -> None:

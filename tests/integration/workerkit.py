@@ -134,6 +134,27 @@ async def count(params: CountParams) -> dict[str, Any]:
     return {"i": params.i}
 
 
+#: kit.nth calls per key.
+NTH_CALLS: Counter[str] = Counter()
+
+
+class NthParams(TaskParams):
+    key: str
+
+
+@test_tasks.task("kit.nth", params=NthParams)
+async def nth(params: NthParams) -> dict[str, Any]:
+    """Call n (per key) waits on gate ``f"{key}-{n}"``: each attempt of a task has a gate of its
+    own (a handler sees its payload, not its attempt: the call count stands in)."""
+    NTH_CALLS[params.key] += 1
+    n = NTH_CALLS[params.key]
+    g = _GATES[f"{params.key}-{n}"]
+    g.entered[""] += 1
+    await g.open.wait()
+    g.finished[""] += 1
+    return {"call": n}
+
+
 #: kit.thread: the thread each call ran in, per key.
 THREADS: dict[str, list[int]] = {}
 
