@@ -169,6 +169,9 @@ class ClaimLoop:
                     worker_id=self._worker_id,
                     lease_ttl=self._settings.lease_ttl,
                 )
+            except asyncio.CancelledError:
+                self._outcomes.put_back(outcomes)  # never drop an outcome, even now
+                raise
             except DATABASE_ERRORS as exc:
                 # Never drop an outcome. If the server refused the statement, one of them may
                 # be at fault: they go out on their own, and the next claim carries none.

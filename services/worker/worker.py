@@ -37,7 +37,7 @@ from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.claim_loop import ClaimLoop
 from taskfleet.worker.config_follower import ConfigFollower
 from taskfleet.worker.config_update import ConfigWriter
-from taskfleet.worker.database import STATEMENT_TIMEOUT, Database
+from taskfleet.worker.database import CLIENT_TIMEOUT_MARGIN, STATEMENT_TIMEOUT, Database
 from taskfleet.worker.executor import Executor
 from taskfleet.worker.heartbeat import Heartbeat, TickHandlers, TickState
 from taskfleet.worker.listener import Listener
@@ -256,7 +256,19 @@ class Worker:
         log.info("draining: %d task(s) running", len(self.slots))
         claim_loop = self._loops[0] if self._loops else None
         if claim_loop is not None:
-            claim_loop.cancel()
+            # Let a claim in flight finish: its statement writes the outcomes it carries and
+            # claims rows, and cancelling it midway would lose track of both. The loop ends at
+            # its next look at the stop request (its waits end at once); a second stop request
+            # or the statement timeout bounds the wait.
+            force = asyncio.create_task(self._force_stop.wait())
+            await asyncio.wait(
+                [claim_loop, force],
+                timeout=STATEMENT_TIMEOUT + CLIENT_TIMEOUT_MARGIN,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            force.cancel()
+            if not claim_loop.done():
+                claim_loop.cancel()
             await asyncio.gather(claim_loop, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self._set_status(WorkerStatus.DRAINING)
