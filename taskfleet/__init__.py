@@ -6,14 +6,14 @@ and may change between releases.
 
 Write a handler::
 
-    from taskfleet import PermanentError, TaskParams, task
+    from taskfleet import PermanentError, TaskContext, TaskParams, task
 
     class SendEmail(TaskParams):
         to: str
 
     @task("email.send", params=SendEmail)
-    async def send_email(params: SendEmail) -> dict:
-        ...
+    async def send_email(params: SendEmail, ctx: TaskContext) -> dict:
+        ...  # ctx: task id, attempt, deadline, cancellation (the second argument is optional)
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _distribution_version
 
+from taskfleet.shared.context import TaskContext
 from taskfleet.shared.registry import PermanentError, TaskParams, task
 
 try:
@@ -28,4 +29,4 @@ try:
 except PackageNotFoundError:  # imported from a checkout that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["PermanentError", "TaskParams", "__version__", "task"]
+__all__ = ["PermanentError", "TaskContext", "TaskParams", "__version__", "task"]

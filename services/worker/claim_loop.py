@@ -215,6 +215,7 @@ class ClaimLoop:
             attempts=row["attempts"],
             max_attempts=row["max_attempts"],
             timeout=row["timeout"],
+            labels=tuple(row["labels"]),
         )
         self._metrics.claims.labels(
             lane.value, group_name(group) if lane is Lane.NORMAL else ""

@@ -6,32 +6,34 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import traceback
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
+from taskfleet.shared.context import make_context
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, Lane
 from taskfleet.shared.registry import PermanentError, TaskRegistry
 from taskfleet.shared.schema import TaskStatus
 from taskfleet.shared.storable import cap_text, escape_text, json_problem
+from taskfleet.worker.invocation import AttemptTimeout, HandlerRunner
+from taskfleet.worker.isolation import ChildFailed
 from taskfleet.worker.outcomes import RELEASED, Outcome, OutcomeWriter
 from taskfleet.worker.slots import Running, Slots
+
+log = logging.getLogger("taskfleet.worker")
 
 MAX_ERROR_CHARS = 8000
 MAX_RESULT_BYTES = 1 << 20
 
 #: Runs the control-lane task (the runtime-config writer): (task id, payload) -> result.
 ControlRunner = Callable[[int, Any], Awaitable[Any]]
-
-
-class _Timeout(Exception):
-    """The task's own timeout expired."""
 
 
 class UnstorableResult(Exception):
@@ -82,6 +84,7 @@ class Executor:
         *,
         registry: TaskRegistry,
         worker_id: str,
+        handlers: HandlerRunner,
         slots: Slots,
         outcomes: OutcomeWriter,
         metrics: WorkerMetrics,
@@ -92,6 +95,7 @@ class Executor:
     ) -> None:
         self._registry = registry
         self._worker_id = worker_id
+        self._handlers = handlers
         self._slots = slots
         self._outcomes = outcomes
         self._metrics = metrics
@@ -127,6 +131,8 @@ class Executor:
         if running.task is None or running.task.done():
             return
         running.cancel_reason = reason
+        if running.context is not None:
+            running.context.cancellation.set(reason)
         if running.started:
             running.task.cancel()
         # Not started yet: cancelling now would skip its clean-up (the slot would never be
@@ -135,6 +141,7 @@ class Executor:
     async def _execute(self, running: Running, payload: Any) -> None:
         running.started = True
         started = self._clock()
+        outcome: Outcome | None
         try:
             if running.cancel_reason is not None:
                 raise asyncio.CancelledError
@@ -143,23 +150,50 @@ class Executor:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            if running.cancel_reason == "user":
-                outcome = Outcome(
-                    running.id, running.attempts, TaskStatus.CANCELLED.value, error="cancelled"
-                )
-            else:
-                outcome = Outcome(
-                    running.id, running.attempts, RELEASED, error="interrupted by worker shutdown"
-                )
+            outcome = self._interrupted(running)
         finally:
-            self._slots.remove(running)
-            if running.lane is Lane.CONTROL:
-                self._on_control_slot_freed()
-            self._slots.publish()
+            if running.thread_running:
+                # A blocking handler's thread goes on after its timeout or cancel: the attempt
+                # keeps its slot until the thread returns (the worker never runs more handlers
+                # than its concurrency).
+                assert running.thread is not None
+                running.thread.add_done_callback(lambda done: self._free(running, done))
+            else:
+                self._free(running, None)
         self._metrics.task_duration.labels(running.lane.value).observe(self._clock() - started)
+        if outcome is None:
+            return
         label = {"pending": "retried", RELEASED: RELEASED}.get(outcome.status, outcome.status)
         self._metrics.outcomes.labels(running.type, label).inc()
         self._outcomes.put(outcome)
+
+    def _interrupted(self, running: Running) -> Outcome | None:
+        """The outcome of an attempt interrupted by a cancel request or the drain timeout."""
+        if running.cancel_reason == "user":
+            return Outcome(
+                running.id, running.attempts, TaskStatus.CANCELLED.value, error="cancelled"
+            )
+        if running.thread_running:
+            # Its code still runs: giving the task back now would let another worker run it
+            # at the same time. It stays ours until this process exits (taking the thread with
+            # it); then its lease expires and the sweep returns it to the queue.
+            log.warning(
+                "task %d: its handler's thread still runs at shutdown; not given back: it is "
+                "rescued when its lease expires, after this process exits",
+                running.id,
+            )
+            return None
+        return Outcome(
+            running.id, running.attempts, RELEASED, error="interrupted by worker shutdown"
+        )
+
+    def _free(self, running: Running, thread: asyncio.Future[Any] | None) -> None:
+        if thread is not None and not thread.cancelled():
+            thread.exception()  # retrieved: what it raised was recorded (or is moot) by now
+        self._slots.remove(running)
+        if running.lane is Lane.CONTROL:
+            self._on_control_slot_freed()
+        self._slots.publish()
 
     async def _attempt(self, running: Running, payload: Any) -> Outcome:
         """Run the handler once; map what happened to an outcome (retry rules applied)."""
@@ -167,8 +201,10 @@ class Executor:
             result = await self._invoke(running, payload)
         except PermanentError as exc:
             return self._failure(running, exc, permanent=True)
-        except _Timeout as exc:
+        except AttemptTimeout as exc:
             return self._failure(running, exc, permanent=False)
+        except ChildFailed as exc:
+            return self._failure(running, exc, permanent=exc.permanent)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -187,28 +223,22 @@ class Executor:
             raise PermanentError(
                 f"no handler for task type {running.type!r} on worker {self._worker_id}"
             )
-        try:
-            params = definition.validate(payload)
-        except ValidationError as exc:
-            raise PermanentError(f"invalid payload: {exc}") from exc
-
-        async def call() -> Any:
-            if definition.is_async:
-                return await definition.func(params)
-            return await asyncio.to_thread(definition.func, params)
-
-        if running.timeout is None:
-            return await call()
-        try:
-            async with asyncio.timeout(running.timeout) as scope:
-                return await call()
-        except TimeoutError as exc:
-            if scope.expired():
-                raise _Timeout(f"timed out after {running.timeout:g}s") from exc
-            raise
+        running.context = make_context(
+            task_id=running.id,
+            type=running.type,
+            attempt=running.attempts,
+            max_attempts=running.max_attempts,
+            labels=running.labels,
+            worker_id=self._worker_id,
+            timeout=running.timeout,
+            now=datetime.now(UTC),
+        )
+        return await self._handlers.call(definition, payload, running, running.context)
 
     def _failure(self, running: Running, exc: BaseException, *, permanent: bool) -> Outcome:
-        if isinstance(exc, (PermanentError, _Timeout)) and not exc.__cause__:
+        if isinstance(exc, ChildFailed):
+            message = str(exc)  # the traceback, as the child process formatted it
+        elif isinstance(exc, (PermanentError, AttemptTimeout)) and not exc.__cause__:
             message = f"{type(exc).__name__}: {exc}"
         else:
             message = "".join(traceback.format_exception(exc))

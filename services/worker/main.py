@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
 
 from taskfleet.shared.registry import load_registry
 from taskfleet.shared.settings import WorkerSettings
@@ -42,5 +44,18 @@ def run_worker_process(settings: WorkerSettings) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    asyncio.run(serve_worker(settings))
+    worker = asyncio.run(serve_worker(settings))
+    if worker.handler_threads_running:
+        # Blocking handlers still in their threads (past the drain timeout): their tasks were
+        # not given back, so they must stop now, with the process; the interpreter would
+        # otherwise wait for them at exit. Their leases expire and the sweep rescues them.
+        log.warning(
+            "exiting with %d handler thread(s) still running; their tasks are rescued when "
+            "their leases expire",
+            worker.handler_threads_running,
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
+from taskfleet.shared.context import TaskContext
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.groups import GroupKey
 from taskfleet.shared.policy.lanes import Lane
@@ -33,6 +35,15 @@ class Running:
     #: The attempt's coroutine has begun (a task cancelled before its first step never runs
     #: its own clean-up, so it is not cancelled then: it sees ``cancel_reason`` when it starts).
     started: bool = False
+    #: The handler's context (its cancellation signal is set on cancel, timeout, shutdown).
+    context: TaskContext | None = None
+    #: A blocking handler's thread: the attempt keeps its slot until this is done.
+    thread: asyncio.Future[Any] | None = None
+    labels: tuple[str, ...] = ()
+
+    @property
+    def thread_running(self) -> bool:
+        return self.thread is not None and not self.thread.done()
 
     @property
     def key(self) -> tuple[int, int]:
@@ -79,6 +90,11 @@ class Slots:
 
     def held(self) -> list[SlotKey]:
         return list(self._running)
+
+    @property
+    def threads_running(self) -> int:
+        """Attempts whose blocking handler's thread still runs."""
+        return sum(1 for r in self._running.values() if r.thread_running)
 
     def __len__(self) -> int:
         return len(self._running)

@@ -40,6 +40,7 @@ from taskfleet.worker.config_update import ConfigWriter
 from taskfleet.worker.database import CLIENT_TIMEOUT_MARGIN, STATEMENT_TIMEOUT, Database
 from taskfleet.worker.executor import Executor
 from taskfleet.worker.heartbeat import Heartbeat, TickHandlers, TickState
+from taskfleet.worker.invocation import HandlerRunner
 from taskfleet.worker.listener import Listener
 from taskfleet.worker.outcomes import DATABASE_ERRORS, OutcomeWriter
 from taskfleet.worker.slots import Slots
@@ -97,9 +98,13 @@ class Worker:
             metrics=self.metrics,
             on_applied=lambda: self.claim_loop.hint_work(),
         )
+        # A thread for every slot, the control slot included: every slot can run a blocking
+        # handler at once.
+        self.handlers = HandlerRunner(threads=settings.concurrency + 1)
         self.executor = Executor(
             registry=registry,
             worker_id=self.id,
+            handlers=self.handlers,
             slots=self.slots,
             outcomes=self.outcomes,
             metrics=self.metrics,
@@ -167,6 +172,11 @@ class Worker:
     @property
     def control_inflight(self) -> int:
         return self.slots.control_inflight
+
+    @property
+    def handler_threads_running(self) -> int:
+        """Blocking handlers whose thread still runs (after a timeout, cancel, or drain)."""
+        return self.slots.threads_running
 
     @property
     def healthy(self) -> bool:
@@ -304,6 +314,7 @@ class Worker:
         log.info("worker %s stopped", self.id)
 
     async def _close(self) -> None:
+        self.handlers.shutdown()
         self.config.close()
         await self.listener.stop()
         await self._claim_db.close()

@@ -17,6 +17,7 @@ from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import Lane
 from taskfleet.worker.database import Database
 from taskfleet.worker.executor import Executor
+from taskfleet.worker.invocation import HandlerRunner
 from taskfleet.worker.outcomes import OutcomeWriter
 from taskfleet.worker.slots import Running, Slots
 from tests.integration import workerkit as kit
@@ -101,6 +102,7 @@ async def test_a_cancel_before_an_attempts_first_step_still_frees_its_slot() -> 
     executor = Executor(
         registry=kit.make_registry(),
         worker_id="w1",
+        handlers=HandlerRunner(threads=3),
         slots=slots,
         outcomes=outcomes,
         metrics=metrics,
