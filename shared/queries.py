@@ -188,6 +188,24 @@ task_queue_stats = _query(
     """,
 )
 
+task_unrunnable_counts = _query(
+    "task_unrunnable_counts",
+    f"""
+    -- Pending tasks no alive worker can run, by reason (metrics, at scrape). unknown_type: no
+    -- alive worker has a handler for the type (the control task excepted: all have one).
+    WITH known AS (
+        SELECT COALESCE(array_agg(DISTINCT k), ARRAY[]::text[]) AS types
+        FROM taskfleet.workers w, unnest(w.task_types) AS k
+        WHERE {_ALIVE}
+    )
+    SELECT 'unknown_type' AS reason, count(t.id) AS tasks
+    FROM known LEFT JOIN taskfleet.tasks t
+      ON t.status = 'pending' AND t.priority < {CONTROL_PRIORITY}
+     AND NOT (t.type = ANY(known.types))
+    GROUP BY 1
+    """,
+)
+
 # --------------------------------------------------------------------------------------------
 # Tasks: the worker's hot path
 # --------------------------------------------------------------------------------------------
@@ -237,15 +255,18 @@ task_claim = _query(
     control AS (
         SELECT t.id FROM taskfleet.tasks t
         WHERE t.status = 'pending' AND t.priority = {CONTROL_PRIORITY} AND t.run_after <= now()
+          AND t.type = ANY(CAST(:types AS text[]))
         ORDER BY t.priority DESC, t.created_at, t.id
         LIMIT CAST(:control_limit AS int)
         FOR UPDATE SKIP LOCKED
     ),
     -- Strict lane: priority > 0, up to the free strict slots (cap minus strict in flight).
+    -- Every lane takes only the types this worker has handlers for (:types): a type it does
+    -- not know stays pending for a worker that does (a rolling deploy's new types).
     strict AS (
         SELECT t.id FROM taskfleet.tasks t
         WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
-          AND t.run_after <= now()
+          AND t.run_after <= now() AND t.type = ANY(CAST(:types AS text[]))
         ORDER BY t.priority DESC, t.created_at, t.id
         LIMIT CAST(:strict_limit AS int)
         FOR UPDATE SKIP LOCKED
@@ -267,6 +288,7 @@ task_claim = _query(
         CROSS JOIN LATERAL (
             SELECT t.id FROM taskfleet.tasks t
             WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
+              AND t.type = ANY(CAST(:types AS text[]))
               AND CASE WHEN quota.grp IS NULL
                        THEN NOT (t.labels && CAST(:configured AS text[]))
                        ELSE t.labels @> ARRAY[quota.grp] AND NOT (t.labels && quota.smaller)
@@ -287,12 +309,14 @@ task_claim = _query(
                    SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority > 0
                      AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
+                     AND t.type = ANY(CAST(:types AS text[]))
                    ORDER BY t.priority DESC, t.created_at, t.id
                    LIMIT 1
                ) IS NOT NULL AS strict_waiting,
                CAST(:probe_normal AS boolean) AND (
                    SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
+                     AND t.type = ANY(CAST(:types AS text[]))
                    ORDER BY t.weight DESC, t.created_at, t.id
                    LIMIT 1
                ) IS NOT NULL AS normal_waiting
@@ -370,18 +394,19 @@ worker_register = _query(
     """
     INSERT INTO taskfleet.workers AS w
         (id, hostname, pid, concurrency, status, started_at, last_heartbeat, heartbeat_interval,
-         applied_config_version, metrics_port)
+         applied_config_version, metrics_port, task_types)
     VALUES (CAST(:id AS text), CAST(:hostname AS text), CAST(:pid AS int),
             CAST(:concurrency AS int), 'online', now(), now(),
             CAST(:heartbeat_interval AS float8), CAST(:applied_config_version AS bigint),
-            CAST(:metrics_port AS int))
+            CAST(:metrics_port AS int), CAST(:task_types AS text[]))
     ON CONFLICT (id) DO UPDATE SET
         hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, concurrency = EXCLUDED.concurrency,
         status = 'online', started_at = now(), last_heartbeat = now(),
         heartbeat_interval = EXCLUDED.heartbeat_interval,
         applied_config_version = GREATEST(w.applied_config_version,
                                           EXCLUDED.applied_config_version),
-        metrics_port = EXCLUDED.metrics_port, inflight = 0, strict_inflight = 0
+        metrics_port = EXCLUDED.metrics_port, inflight = 0, strict_inflight = 0,
+        task_types = EXCLUDED.task_types
     """,
 )
 
@@ -483,7 +508,7 @@ worker_list = _query(
     f"""
     SELECT w.id, w.hostname, w.pid, w.concurrency, w.status, w.started_at, w.last_heartbeat,
            w.heartbeat_interval, w.applied_config_version, w.inflight, w.strict_inflight,
-           w.metrics_port, {_ALIVE} AS alive
+           w.metrics_port, w.task_types, {_ALIVE} AS alive
     FROM taskfleet.workers w
     ORDER BY {_ALIVE} DESC, w.started_at DESC, w.id
     LIMIT CAST(:limit AS int)

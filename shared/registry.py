@@ -112,6 +112,10 @@ class TaskRegistry:
     def names(self) -> list[str]:
         return sorted(self._tasks)
 
+    def runnable_types(self) -> list[str]:
+        """The task types a worker with this registry runs (the internal ones excluded)."""
+        return [name for name, d in sorted(self._tasks.items()) if not d.internal]
+
     def merge(self, other: TaskRegistry) -> None:
         for definition in other._tasks.values():
             existing = self._tasks.get(definition.name)

@@ -146,6 +146,8 @@ workers = Table(
     Column("inflight", Integer, nullable=False, server_default=text("0")),
     Column("strict_inflight", Integer, nullable=False, server_default=text("0")),
     Column("metrics_port", Integer, nullable=True),
+    # The task types it has handlers for: it claims only those.
+    Column("task_types", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     CheckConstraint(_in("status", WorkerStatus), name="workers_status_valid"),
 )
 

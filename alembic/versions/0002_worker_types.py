@@ -1,5 +1,9 @@
-"""Worker identity and task safety: a task whose cancel was requested is never pending.
+"""Worker task types; a task whose cancel was requested is never pending.
 
+- ``workers.task_types``: the task types each worker has handlers for. A worker claims only
+  those, so a type no alive worker knows stays pending (during a rolling deploy, old workers
+  leave the new version's work alone); ``GET /workers`` shows them and the API counts pending
+  tasks nobody can run.
 - ``tasks_cancel_never_pending``: a task whose cancel was requested ends ``cancelled`` at its
   next transition (retry, lease rescue, drain release), so it can never be claimed again. Rows
   left pending with a cancel request by earlier versions are cancelled first.
@@ -20,6 +24,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.execute("ALTER TABLE taskfleet.workers ADD COLUMN task_types text[] NOT NULL DEFAULT '{}'")
     op.execute(
         """
         UPDATE taskfleet.tasks
@@ -36,3 +41,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("ALTER TABLE taskfleet.tasks DROP CONSTRAINT tasks_cancel_never_pending")
+    op.execute("ALTER TABLE taskfleet.workers DROP COLUMN task_types")

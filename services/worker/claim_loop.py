@@ -45,6 +45,7 @@ class ClaimLoop:
         outcomes: OutcomeWriter,
         executor: Executor,
         metrics: WorkerMetrics,
+        types: list[str],
         stop: asyncio.Event,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -56,6 +57,7 @@ class ClaimLoop:
         self._outcomes = outcomes
         self._executor = executor
         self._metrics = metrics
+        self._types = types
         self._stop = stop
         self._clock = clock
         self._work_hint = asyncio.Event()
@@ -168,6 +170,7 @@ class ClaimLoop:
                     probe_normal=plan.probe_normal,
                     worker_id=self._worker_id,
                     lease_ttl=self._settings.lease_ttl,
+                    types=self._types,
                 )
             except asyncio.CancelledError:
                 self._outcomes.put_back(outcomes)  # never drop an outcome, even now

@@ -31,6 +31,7 @@ from taskfleet.shared import protocol, queries
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import BackoffPolicy, LoopBackoff
 from taskfleet.shared.policy.claim_plan import ClaimPlanner
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
 from taskfleet.shared.registry import TaskRegistry
 from taskfleet.shared.schema import WorkerStatus
 from taskfleet.shared.settings import WorkerSettings
@@ -66,6 +67,9 @@ class Worker:
         self.metrics = WorkerMetrics.create(self.metrics_registry)
         self.clock = clock
         self.planner = ClaimPlanner(settings.concurrency)
+        #: The task types this worker has handlers for: it registers them and claims only
+        #: them (and the control task, which every worker runs).
+        self.task_types = registry.runnable_types()
         self.status = "starting"
         self.metrics_port: int | None = None
         self._stop = asyncio.Event()
@@ -122,6 +126,7 @@ class Worker:
             outcomes=self.outcomes,
             executor=self.executor,
             metrics=self.metrics,
+            types=[*self.task_types, RUNTIME_CONFIG_TASK_TYPE],
             stop=self._stop,
             clock=clock,
         )
@@ -251,6 +256,7 @@ class Worker:
                     heartbeat_interval=self.settings.heartbeat_interval,
                     applied_config_version=self.applied_version,
                     metrics_port=self.metrics_port,
+                    task_types=self.task_types,
                 )
                 return True
             except DATABASE_ERRORS as exc:

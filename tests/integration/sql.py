@@ -17,7 +17,7 @@ import asyncpg
 from taskfleet.shared import db
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.groups import GroupKey
-from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
 
 LEASE_TTL = 30.0
 
@@ -83,6 +83,15 @@ def control_task() -> NewTask:
     return NewTask(type="updateWorkerRuntimeConfig", priority=CONTROL_PRIORITY, max_attempts=1)
 
 
+#: The task types the tests' workers claim (a worker claims only types it has handlers for).
+CLAIMABLE_TYPES: tuple[str, ...] = (
+    "demo.echo",
+    "demo.sleep",
+    "demo.fail",
+    "demo.cpu",
+    RUNTIME_CONFIG_TASK_TYPE,
+)
+
 Outcome = tuple[int, str]
 """(task id, status the attempt ended in: completed, failed, cancelled or pending = retry)."""
 
@@ -135,6 +144,7 @@ async def claim(
     outcomes: Sequence[Outcome] = (),
     error: str | None = None,
     attempts: Sequence[int] | None = None,
+    types: Sequence[str] = CLAIMABLE_TYPES,
 ) -> Claim:
     if attempts is None:
         attempts = await current_attempts(conn, [i for i, _ in outcomes])
@@ -151,6 +161,7 @@ async def claim(
         probe_normal=probe_normal,
         worker_id=worker_id,
         lease_ttl=lease_ttl,
+        types=list(types),
     )
     assert rows, "task_claim always returns at least one row"
     # The per-statement columns repeat on every row.
@@ -183,6 +194,7 @@ async def register_worker(conn: asyncpg.Connection, worker_id: str, concurrency:
         heartbeat_interval=3.0,
         applied_config_version=0,
         metrics_port=None,
+        task_types=[t for t in CLAIMABLE_TYPES if t != RUNTIME_CONFIG_TASK_TYPE],
     )
 
 

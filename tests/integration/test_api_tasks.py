@@ -514,6 +514,7 @@ async def test_workers_lists_every_row_with_alive(
                 "heartbeat_interval": 3.0,
                 "applied_config_version": 0,
                 "metrics_port": 9100,
+                "task_types": ["demo.echo", "demo.sleep"],
             }
         )
         await conn.execute(sql, *args)
@@ -534,6 +535,7 @@ async def test_workers_lists_every_row_with_alive(
     }
     assert response.json()["workers"][0]["id"] == "w-alive"  # alive ones first
     assert workers["w-alive"]["concurrency"] == 4
+    assert workers["w-alive"]["task_types"] == ["demo.echo", "demo.sleep"]
     assert workers["w-offline"]["status"] == "offline"
 
 
