@@ -39,6 +39,7 @@ from taskfleet.shared.policy.runtime_config import (
     normalise_runtime_config,
 )
 from taskfleet.shared.settings import ApiSettings
+from taskfleet.shared.storable import text_problem
 
 #: A config body is small: at most 1000 labels of at most 128 characters, plus a few fields.
 MAX_BODY_BYTES = 1 << 20
@@ -302,6 +303,11 @@ async def get_runtime_config_request(
 ) -> Response:
     """A config request's status: its task, its version, the alive fleet, and the outcome once
     there is one. ``?watch=true`` re-attaches to its event stream."""
+    if (problem := text_problem(request_id)) is not None:
+        raise ApiError(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            [error_item(("path", "request_id"), f"must not contain {problem}", "invalid_text")],
+        )
     snapshot = await read_snapshot(database, request_id, None)
     if snapshot.task is None and snapshot.version is None:
         raise _not_found(request_id)

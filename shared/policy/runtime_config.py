@@ -15,6 +15,7 @@ from typing import Any
 
 from taskfleet.shared.policy.groups import GroupKey, group_weights
 from taskfleet.shared.policy.lanes import strict_cap
+from taskfleet.shared.storable import escape_text, text_problem
 
 KNOWN_FIELDS = frozenset(
     {
@@ -142,6 +143,9 @@ def _check_label(value: object, loc: tuple[str | int, ...], issues: list[ConfigI
     if len(value) > MAX_LABEL_LENGTH:
         issues.append(ConfigIssue(loc, f"label must be at most {MAX_LABEL_LENGTH} characters"))
         return False
+    if (problem := text_problem(value)) is not None:
+        issues.append(ConfigIssue(loc, f"label must not contain {problem}"))
+        return False
     return True
 
 
@@ -238,8 +242,8 @@ def normalise_runtime_config(
         else:
             new_map = {}
             for label, weight in mapping.items():
-                ok_label = _check_label(label, ("labelWeights", str(label)), issues)
-                ok_weight = _check_weight(weight, ("labelWeights", str(label)), issues)
+                ok_label = _check_label(label, ("labelWeights", escape_text(str(label))), issues)
+                ok_weight = _check_weight(weight, ("labelWeights", escape_text(str(label))), issues)
                 if ok_label and ok_weight:
                     new_map[label] = weight
             label_weights = new_map
@@ -269,6 +273,9 @@ def normalise_runtime_config(
                 f"must be a non-empty string of at most {MAX_REQUEST_ID_LENGTH} characters",
             )
         )
+        request_id = None
+    elif isinstance(request_id, str) and (problem := text_problem(request_id)) is not None:
+        issues.append(ConfigIssue(("requestID",), f"must not contain {problem}"))
         request_id = None
 
     if issues:

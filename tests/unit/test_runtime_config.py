@@ -399,7 +399,12 @@ def test_sub_millisecond_durations_survive_the_round_trip(text: str) -> None:
     assert restored.notify_interval == pytest.approx(config.notify_interval, rel=1e-9)
 
 
-label_strategy = st.text(min_size=1, max_size=20).filter(lambda s: bool(s.strip()))
+#: What a label can be: any text Postgres can store (no NUL, no lone surrogate).
+label_strategy = st.text(
+    alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+    min_size=1,
+    max_size=20,
+).filter(lambda s: bool(s.strip()))
 millis_strategy = st.integers(1, 3_600_000)
 
 
@@ -482,3 +487,23 @@ def test_arbitrary_bodies_either_normalise_or_raise_the_config_error(
     assert all(w >= 1 for w in config.label_weights.values())
     assert config.notify_interval > 0 and config.listen_timeout > 0
     assert config.request_id
+
+
+@pytest.mark.parametrize("text", ["a\x00b", "\x00", "a\ud800", "\udfff"])
+def test_text_postgres_cannot_store_is_refused_in_every_string_field(text: str) -> None:
+    cases = {
+        ("labels", 0): {"labels": [text], "weights": [1]},
+        ("requestID",): {"requestID": text},
+    }
+    for loc, params in cases.items():
+        with pytest.raises(RuntimeConfigError) as refused:
+            normalise_runtime_config(params)
+        assert [issue.loc for issue in refused.value.issues] == [loc]
+        assert "must not contain" in refused.value.issues[0].msg
+    with pytest.raises(RuntimeConfigError) as refused:
+        normalise_runtime_config({"labelWeights": {text: 1}})
+    (issue,) = refused.value.issues
+    # The location names the label, escaped: an error body must be encodable.
+    assert issue.loc[0] == "labelWeights" and isinstance(issue.loc[1], str)
+    issue.loc[1].encode("utf-8")
+    assert "\x00" not in issue.loc[1]
