@@ -17,6 +17,8 @@ from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_
 
 # Session-independent advisory lock key of the lease sweep (any worker may sweep, one at a time).
 SWEEP_LOCK_KEY = 7_243_118_002
+# Advisory lock key serialising the writes of runtime-config versions.
+CONFIG_WRITE_LOCK_KEY = 7_243_118_003
 
 TASK_READY_CHANNEL = "taskfleet_task_ready"
 
@@ -553,6 +555,15 @@ runtime_config_by_request = _query(
     SELECT c.version, c.request_id, c.payload, c.created_at
     FROM taskfleet.worker_runtime_configs c
     WHERE c.request_id = CAST(:request_id AS text)
+    """,
+)
+
+runtime_config_write_lock = _query(
+    "runtime_config_write_lock",
+    """
+    -- Held by the update task from reading the latest version to inserting the next: writes of
+    -- versions are serialised, so a PATCH always merges into the version it replaces.
+    SELECT pg_advisory_xact_lock(CAST(:lock_key AS bigint))
     """,
 )
 

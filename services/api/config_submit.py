@@ -5,6 +5,7 @@ the one already there for the same request id (one request id is one version).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import status
 
@@ -12,7 +13,6 @@ from taskfleet.api.database import Database, fetch_all, fetch_one
 from taskfleet.api.errors import ApiError, error_item
 from taskfleet.shared import db, protocol, queries
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
-from taskfleet.shared.policy.runtime_config import RuntimeConfig
 
 #: Attempts of the update task: it only fails on a database error, and a retry is idempotent.
 UPDATE_TASK_MAX_ATTEMPTS = 10
@@ -31,17 +31,16 @@ def _unique_key(request_id: str) -> str:
 
 
 async def submit_config(
-    database: Database, config: RuntimeConfig, *, check_payload: bool
+    database: Database, request_id: str, payload: dict[str, Any], *, check_payload: bool
 ) -> Submitted:
-    """Enqueue the update task for ``config``, or attach to the one its request id has.
+    """Enqueue the update task with ``payload`` (a PUT's config, or a PATCH's changes), or
+    attach to the one its request id has.
 
     One request id is one version: a retry while the task is unfinished is deduplicated by the
     task's unique key, and a request id that already has a version or a finished task is
     attached to. With ``check_payload`` (a PUT), reusing a request id for a different config is
     a 409: attaching would report the outcome of a config the client did not send.
     """
-    request_id = config.request_id
-    payload = config.to_payload()
     async with database.transaction() as conn:
         existing = await fetch_one(conn, queries.runtime_config_request_task, request_id=request_id)
         stored = existing["payload"] if existing is not None else None

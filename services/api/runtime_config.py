@@ -37,6 +37,7 @@ from taskfleet.shared.policy.runtime_config import (
     RuntimeConfigError,
     config_from_payload,
     normalise_runtime_config,
+    patch_payload,
 )
 from taskfleet.shared.settings import ApiSettings
 from taskfleet.shared.storable import text_problem
@@ -100,7 +101,8 @@ def _normalise(body: Mapping[str, Any], **kwargs: Any) -> RuntimeConfig:
 async def _change_config(
     request: Request,
     database: Database,
-    config: RuntimeConfig,
+    request_id: str,
+    payload: dict[str, Any],
     *,
     wait: bool,
     timeout: float,
@@ -109,7 +111,7 @@ async def _change_config(
     media_type = negotiate(request.headers.get("accept")) if wait else JSON
     if media_type is None:
         raise not_acceptable()
-    submitted = await submit_config(database, config, check_payload=check_payload)
+    submitted = await submit_config(database, request_id, payload, check_payload=check_payload)
     if not wait:
         return JSONResponse(
             {
@@ -191,7 +193,13 @@ async def put_runtime_config(
     body = await _json_object(request)
     config = _normalise(body, default_max_strict_percentage=settings.default_max_strict_percentage)
     return await _change_config(
-        request, database, config, wait=wait, timeout=timeout, check_payload=True
+        request,
+        database,
+        config.request_id,
+        config.to_payload(),
+        wait=wait,
+        timeout=timeout,
+        check_payload=True,
     )
 
 
@@ -205,8 +213,10 @@ async def patch_runtime_config(
 ) -> Response:
     """Merge the given fields into the latest version's config, and follow it like a PUT.
 
-    The merge is made here, against the version that is latest now; a new ``requestID`` is
-    generated unless one is given.
+    The merge is made by the update task, against the version that is latest when it writes the
+    new one (in the same transaction), so concurrent PATCHes compose. The body is checked here
+    against the latest version too, for a 422 now rather than a failed change later. A new
+    ``requestID`` is generated unless one is given.
     """
     body = await _json_object(request)
     latest = await database.fetch_one(queries.runtime_config_latest)
@@ -217,7 +227,13 @@ async def patch_runtime_config(
     else:
         config = _normalise(body, base=config_from_payload(latest["payload"]))
     return await _change_config(
-        request, database, config, wait=wait, timeout=timeout, check_payload=False
+        request,
+        database,
+        config.request_id,
+        patch_payload(config.request_id, body),
+        wait=wait,
+        timeout=timeout,
+        check_payload=False,
     )
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Annotated, Any, NoReturn
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -636,8 +638,9 @@ def config_set(
         body["defaultWeight"] = default_weight
     if label_weights:
         body["labelWeights"] = label_weights
-    if request_id is not None:
-        body["requestID"] = request_id
+    # Always a request id: one request id is one version, so after a dropped stream the command
+    # re-attaches to its own change instead of making a new one.
+    body["requestID"] = request_id if request_id is not None else str(uuid.uuid4())
 
     console = Console()
     display: PlainConfigDisplay | LiveConfigDisplay = (
@@ -645,23 +648,24 @@ def config_set(
     )
     lost: list[str] = []
     outcome: ConfigOutcome | None = None
+    deadline = time.monotonic() + timeout
     try:
         with (
             _ReportApiErrors(url),
             _http_client(url, token, timeout + READ_SLACK) as client,
-            client.stream(
-                "PUT",
-                "/runtime-config",
-                params={"timeout": _format_seconds(timeout)},
-                json=body,
-                headers={"Accept": "application/x-ndjson"},
-            ) as response,
+            display,
         ):
-            if not response.is_success:
-                response.read()
-                _raise_for_status(response)
-            with display:
-                outcome = consume_config_events(_lines_until_lost(response, lost), display)
+            outcome = _follow_config_change(client, body, timeout, lost, display)
+            pause = REATTACH_FIRST_PAUSE
+            # No final event means the stream was cut (at its own timeout the API says so with
+            # a timeout event): follow the same change again while there is time.
+            while outcome.final is None and time.monotonic() + pause < deadline:
+                time.sleep(pause)
+                pause = min(pause * 2, REATTACH_MAX_PAUSE)
+                lost.clear()
+                outcome = _reattach_config_change(
+                    client, body, deadline - time.monotonic(), lost, display
+                )
     except KeyboardInterrupt:
         _fail("interrupted; the config change goes on: see `taskfleet config show`")
     assert outcome is not None
@@ -670,6 +674,74 @@ def config_set(
     style = "green" if outcome.exit_code == 0 else "bold red"
     console.print(Text(outcome.message, style=style), soft_wrap=True)
     raise typer.Exit(outcome.exit_code)
+
+
+#: Pauses between attempts to re-attach to a change after its stream was lost (seconds).
+REATTACH_FIRST_PAUSE = 0.5
+REATTACH_MAX_PAUSE = 5.0
+
+
+def _follow_config_change(
+    client: httpx.Client,
+    body: dict[str, Any],
+    timeout: float,
+    lost: list[str],
+    on_event: Callable[[ConfigEvent], None],
+    *,
+    reattach: bool = False,
+) -> ConfigOutcome:
+    """PUT the change (or, with ``reattach``, watch its request) and fold its event stream. A
+    connection that fails or breaks is noted in ``lost``; an API error raises ApiError."""
+    if reattach:
+        method, path, json_body = "GET", request_location(body["requestID"]), None
+        params = {"watch": "true", "timeout": _format_seconds(timeout)}
+    else:
+        method, path, json_body = "PUT", "/runtime-config", body
+        params = {"timeout": _format_seconds(timeout)}
+    try:
+        with client.stream(
+            method,
+            path,
+            params=params,
+            json=json_body,
+            headers={"Accept": "application/x-ndjson"},
+        ) as response:
+            if not response.is_success:
+                response.read()
+                _raise_for_status(response)
+            return consume_config_events(_lines_until_lost(response, lost), on_event)
+    except httpx.TransportError as exc:
+        if not reattach and not lost and isinstance(exc, httpx.ConnectError):
+            raise  # the API was never reached: one clear error, not a retry loop
+        lost.append(f"{type(exc).__name__}: {exc}")
+        return consume_config_events([], None)
+
+
+def _reattach_config_change(
+    client: httpx.Client,
+    body: dict[str, Any],
+    timeout: float,
+    lost: list[str],
+    display: Callable[[ConfigEvent], None],
+) -> ConfigOutcome:
+    """Follow the change again after its stream was lost (an API restart, a proxy timeout):
+    its request's events, or, if the API never recorded the request, the same PUT again (the
+    request id makes it one version however often it is sent)."""
+
+    def show(event: ConfigEvent) -> None:
+        if not isinstance(event, Enqueued):  # the re-attached stream starts over
+            display(event)
+
+    try:
+        return _follow_config_change(client, body, timeout, lost, show, reattach=True)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        return _follow_config_change(client, body, timeout, lost, show)
+
+
+def request_location(request_id: str) -> str:
+    return f"/runtime-config/requests/{quote(request_id, safe='')}"
 
 
 def _lines_until_lost(response: httpx.Response, lost: list[str]) -> Iterator[str]:

@@ -23,7 +23,12 @@ import asyncpg
 from taskfleet.shared import db, protocol, queries
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.convergence import FleetView, Superseded, decide
-from taskfleet.shared.policy.runtime_config import RuntimeConfigError, normalise_runtime_config
+from taskfleet.shared.policy.runtime_config import (
+    RuntimeConfig,
+    RuntimeConfigError,
+    config_from_payload,
+    resolve_update,
+)
 from taskfleet.shared.registry import PermanentError
 from taskfleet.shared.settings import WorkerSettings
 
@@ -48,17 +53,41 @@ async def _fetch(conn: asyncpg.Connection, query: queries.Query, **params: Any) 
     return await conn.fetchrow(sql, *args, timeout=30)
 
 
+async def _write_version(
+    conn: asyncpg.Connection, payload: dict[str, Any], request_id: str, settings: WorkerSettings
+) -> tuple[int, RuntimeConfig]:
+    """Insert the request's version (or find it: a retry of the task reuses it); its number and
+    config. Under the write lock, from reading the latest version to inserting the next, so a
+    PATCH merges into the version it replaces and concurrent PATCHes compose."""
+    async with conn.transaction():
+        await _fetch(
+            conn, queries.runtime_config_write_lock, lock_key=queries.CONFIG_WRITE_LOCK_KEY
+        )
+        existing = await _fetch(conn, queries.runtime_config_by_request, request_id=request_id)
+        if existing is not None:
+            return int(existing["version"]), config_from_payload(existing["payload"])
+        latest = await _fetch(conn, queries.runtime_config_latest)
+        try:
+            config = resolve_update(
+                payload,
+                latest=latest["payload"] if latest is not None else None,
+                default_max_strict_percentage=settings.default_max_strict_percentage,
+            )
+        except RuntimeConfigError as exc:
+            raise PermanentError(f"invalid runtime config: {exc}") from exc
+        row = await _fetch(
+            conn,
+            queries.runtime_config_insert,
+            request_id=request_id,
+            payload=db.dumps(config.to_payload()),
+        )
+        return int(row["version"]), config
+
+
 async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) -> dict[str, Any]:
     settings, metrics = writer.settings, writer.metrics
-    try:
-        config = normalise_runtime_config(
-            payload if isinstance(payload, dict) else {},
-            default_max_strict_percentage=settings.default_max_strict_percentage,
-            generate_request_id=False,
-        )
-    except RuntimeConfigError as exc:
-        raise PermanentError(f"invalid runtime config: {exc}") from exc
-    if not config.request_id:
+    request_id = payload.get("requestID") if isinstance(payload, dict) else None
+    if not isinstance(request_id, str) or not request_id:
         raise PermanentError("invalid runtime config: requestID is missing")
 
     acked = asyncio.Event()
@@ -77,14 +106,8 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
         if settings.listen_enabled:
             # ACKs only shorten the wait; with LISTEN disabled the loop simply polls.
             await conn.add_listener(protocol.CONFIG_ACK_CHANNEL, on_ack)
-        row = await _fetch(
-            conn,
-            queries.runtime_config_insert,
-            request_id=config.request_id,
-            payload=db.dumps(config.to_payload()),
-        )
-        version = int(row["version"])
-        up_config = protocol.config_updated_payload(config.request_id, version)
+        version, config = await _write_version(conn, payload, request_id, settings)
+        up_config = protocol.config_updated_payload(request_id, version)
         log.info("task %d: runtime config version %d written; notifying", task_id, version)
         await _fetch(conn, queries.notify, channel=protocol.CONFIG_CHANNEL, payload=up_config)
         writer.refresh_local()

@@ -292,6 +292,48 @@ def normalise_runtime_config(
     )
 
 
+#: The key of a PATCH's changes in the update task's payload (a PUT's payload is the config).
+PATCH_KEY = "patch"
+
+
+def patch_payload(request_id: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The update task's payload for a PATCH: the changes as given, merged into the latest
+    version by the writer, in the transaction that inserts the new one (so concurrent PATCHes
+    compose: none merges against a version another one is replacing)."""
+    return {
+        "requestID": request_id,
+        PATCH_KEY: {k: v for k, v in changes.items() if k != "requestID"},
+    }
+
+
+def resolve_update(
+    payload: Mapping[str, Any],
+    *,
+    latest: Mapping[str, Any] | None,
+    default_max_strict_percentage: int = 100,
+) -> RuntimeConfig:
+    """The config an update task writes, validated: a PUT's config as given (omitted fields at
+    their defaults); a PATCH's changes merged into ``latest``, the newest stored payload (None
+    before the first version, when the defaults are the base). Raises RuntimeConfigError."""
+    if not isinstance(payload, Mapping):
+        raise RuntimeConfigError([ConfigIssue((), "body must be a JSON object")])
+    if PATCH_KEY not in payload:
+        return normalise_runtime_config(
+            payload,
+            default_max_strict_percentage=default_max_strict_percentage,
+            generate_request_id=False,
+        )
+    changes = payload[PATCH_KEY]
+    if not isinstance(changes, Mapping):
+        raise RuntimeConfigError([ConfigIssue((PATCH_KEY,), "must be an object of changes")])
+    return normalise_runtime_config(
+        {**changes, "requestID": payload.get("requestID")},
+        default_max_strict_percentage=default_max_strict_percentage,
+        base=config_from_payload(latest) if latest is not None else None,
+        generate_request_id=False,
+    )
+
+
 def config_from_payload(payload: Mapping[str, Any]) -> RuntimeConfig:
     """Read a stored (already normalised) payload back. Tolerant: a stored row is trusted."""
     known = {k: v for k, v in payload.items() if k in KNOWN_FIELDS}

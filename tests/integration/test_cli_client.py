@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -70,6 +71,7 @@ STREAMS: dict[str, list[Any]] = {
     "timeout": [ENQUEUED, VERSION, HALF, {"event": "timeout", "version": 7, "lagging": ["w-2"]}],
     "failed": [ENQUEUED, VERSION, HALF, {"event": "failed", "error": "the config task crashed"}],
     "truncated": [ENQUEUED, VERSION, HALF],
+    "truncated-for-good": [ENQUEUED, VERSION, HALF],
     "garbage": [
         ENQUEUED,
         "this is not json",
@@ -91,8 +93,11 @@ class CannedApi:
     gate: threading.Event = field(default_factory=threading.Event)
     final_sent: threading.Event = field(default_factory=threading.Event)
     tasks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: PUTs received per scenario.
+    puts: dict[str, int] = field(default_factory=dict)
 
     def reset(self) -> None:
+        self.puts.clear()
         self.requests.clear()
         self.gate = threading.Event()
         self.final_sent = threading.Event()
@@ -121,6 +126,11 @@ class CannedApi:
         if denied := self._unauthorized(entry):
             return denied
         scenario = (entry["body"] or {}).get("requestID", "converged")
+        if scenario not in STREAMS and scenario not in ("rejected", "gated", "broken", "unknown"):
+            scenario = "converged"  # a generated request id
+        self.puts[scenario] = self.puts.get(scenario, 0) + 1
+        if scenario == "unknown" and self.puts[scenario] > 1:
+            scenario = "converged"  # sent again after the API said it never recorded it
         if scenario == "rejected":
             msg = "weight must be at most 1000000"
             detail = [{"loc": ["body", "labelWeights", "x"], "msg": msg, "type": "value_error"}]
@@ -137,13 +147,34 @@ class CannedApi:
                 self.final_sent.set()
                 yield b'{"event": "converged", "version": 7, "seconds": 1.5}\n'
             return
-        if scenario == "broken":
+        if scenario in ("broken", "unknown"):
             yield (json.dumps(ENQUEUED) + "\n").encode()
             await asyncio.sleep(0.01)
             raise RuntimeError("the canned server drops the connection mid-stream")
         for item in STREAMS[scenario]:
             yield ((item if isinstance(item, str) else json.dumps(item)) + "\n").encode()
             await asyncio.sleep(0.01)
+
+    async def watch_request(self, request: Request) -> Response:
+        """GET /runtime-config/requests/{id}?watch=true: the rest of a change, re-attached."""
+        entry = await self._record(request)
+        if denied := self._unauthorized(entry):
+            return denied
+        request_id = request.path_params["request_id"]
+        if request_id == "unknown":
+            detail = [{"loc": ["path", "request_id"], "msg": "no such request", "type": "x"}]
+            return JSONResponse({"detail": detail}, status_code=404)
+        if request_id == "truncated-for-good":
+            return StreamingResponse(
+                self._events("truncated-for-good"), media_type="application/x-ndjson"
+            )
+        rest = [ENQUEUED, VERSION, ALL, {"event": "converged", "version": 7, "seconds": 0.9}]
+
+        async def events() -> AsyncIterator[bytes]:
+            for item in rest:
+                yield (json.dumps(item) + "\n").encode()
+
+        return StreamingResponse(events(), media_type="application/x-ndjson")
 
     async def get_runtime_config(self, request: Request) -> Response:
         entry = await self._record(request)
@@ -255,6 +286,11 @@ class CannedApi:
             routes=[
                 Route("/runtime-config", self.put_runtime_config, methods=["PUT"]),
                 Route("/runtime-config", self.get_runtime_config, methods=["GET"]),
+                Route(
+                    "/runtime-config/requests/{request_id:path}",
+                    self.watch_request,
+                    methods=["GET"],
+                ),
                 Route("/workers", self.get_workers, methods=["GET"]),
                 Route("/tasks", self.post_task, methods=["POST"]),
                 Route("/tasks/{task_id:int}/wait", self.wait_task, methods=["GET"]),
@@ -309,7 +345,6 @@ def run(api: CannedApi, *args: str, token: str | None = TOKEN) -> Any:
         ("superseded", 0, "superseded: version 7 was replaced by version 8"),
         ("timeout", 1, "timeout: version 7 is not applied by every alive worker yet; lagging: w-2"),
         ("failed", 1, "failed: the config task crashed"),
-        ("truncated", 1, "the stream ended before an outcome"),
     ],
 )
 def test_config_set_maps_each_outcome_to_its_exit_code(
@@ -347,7 +382,10 @@ def test_config_set_sends_the_body_accept_header_timeout_and_token(api: CannedAp
     assert request["accept"] == "application/x-ndjson"
     assert request["authorization"] == f"Bearer {TOKEN}"
     assert request["query"] == {"timeout": "15"}
-    assert request["body"] == {
+    body = dict(request["body"])
+    # A request id always: the command re-attaches to its own change after a dropped stream.
+    assert uuid.UUID(body.pop("requestID"))
+    assert body == {
         "maxStrictPercentage": 40,
         "defaultWeight": 2,
         "labelWeights": {"tenant-a": 6, "batch": 1},
@@ -382,12 +420,47 @@ def test_config_set_without_a_valid_token_says_so(api: CannedApi) -> None:
     assert "wrong-token-xyz" not in result.output
 
 
-def test_a_connection_broken_mid_stream_is_a_lost_stream_not_a_traceback(api: CannedApi) -> None:
-    result = run(api, "config", "set", "--request-id", "broken")
+@pytest.mark.parametrize("scenario", ["truncated", "broken"])
+def test_a_stream_cut_short_is_followed_again_by_its_request_id(
+    api: CannedApi, scenario: str
+) -> None:
+    # An API restart or a proxy cut the stream (cleanly, or mid-line): the command re-attaches
+    # to the same change instead of making a new version.
+    result = run(api, "config", "set", "--request-id", scenario)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1] == (
+        "converged: version 7 applied by every alive worker in 0.90s"
+    )
+    assert [(r["method"], r["path"], r["query"].get("watch")) for r in api.requests] == [
+        ("PUT", "/runtime-config", None),
+        ("GET", f"/runtime-config/requests/{scenario}", "true"),
+    ]
+    assert "Traceback" not in result.output
+    # The re-attached stream's "enqueued" is not printed twice.
+    assert result.stdout.count("enqueued config task") == 1
+
+
+def test_a_change_the_api_never_recorded_is_sent_again_with_its_request_id(
+    api: CannedApi,
+) -> None:
+    result = run(api, "config", "set", "--request-id", "unknown")
+    assert result.exit_code == 0, result.output
+    assert [(r["method"], r["path"]) for r in api.requests] == [
+        ("PUT", "/runtime-config"),
+        ("GET", "/runtime-config/requests/unknown"),
+        ("PUT", "/runtime-config"),
+    ]
+    assert {r["body"]["requestID"] for r in api.requests if r["method"] == "PUT"} == {"unknown"}
+
+
+def test_a_stream_that_never_reaches_an_outcome_ends_in_exit_1_at_the_timeout(
+    api: CannedApi,
+) -> None:
+    result = run(api, "config", "set", "--request-id", "truncated-for-good", "--timeout", "2")
     assert result.exit_code == 1
-    assert "connection lost" in result.stderr
     assert "the stream ended before an outcome" in result.stdout
     assert "request REQ" in result.stdout
+    assert "Traceback" not in result.output
 
 
 def test_an_unreachable_api_is_one_clear_line_and_exit_1() -> None:

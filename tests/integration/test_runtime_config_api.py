@@ -807,6 +807,29 @@ async def test_patch_merges_into_the_latest_version(
     assert (payload["maxStrictPercentage"], payload["defaultWeight"]) == (50, 2)
 
 
+async def test_concurrent_patches_compose(
+    client: httpx.AsyncClient, fleet: list[Worker], conn: asyncpg.Connection
+) -> None:
+    # Two PATCHes at once, one field each: both fields must be in the final version. (The API
+    # merged against the version it read, so one of the two was lost in 5 rounds of 5.)
+    json_doc = {"Accept": "application/json"}
+    for round_ in range(5):
+        strict, weight = 10 + round_, 2 + round_
+        answers = await asyncio.gather(
+            client.patch("/runtime-config", json={"maxStrictPercentage": strict}, headers=json_doc),
+            client.patch("/runtime-config", json={"labelWeights": {"r": weight}}, headers=json_doc),
+        )
+        for answer in answers:
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["outcome"] in ("converged", "superseded"), answer.json()
+        payload = (await client.get("/runtime-config")).json()["payload"]
+        assert (payload["maxStrictPercentage"], payload["labelWeights"]) == (
+            strict,
+            {"r": weight},
+        ), f"round {round_}: {payload}"
+    assert await conn.fetchval("SELECT count(*) FROM taskfleet.worker_runtime_configs") == 10
+
+
 async def test_get_runtime_config_shows_the_latest_version_and_each_alive_worker(
     client: httpx.AsyncClient, fleet: list[Worker], fake_worker: FakeWorker
 ) -> None:

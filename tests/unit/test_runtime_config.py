@@ -507,3 +507,26 @@ def test_text_postgres_cannot_store_is_refused_in_every_string_field(text: str) 
     assert issue.loc[0] == "labelWeights" and isinstance(issue.loc[1], str)
     issue.loc[1].encode("utf-8")
     assert "\x00" not in issue.loc[1]
+
+
+def test_a_patch_is_merged_into_the_latest_version_when_it_is_written() -> None:
+    from taskfleet.shared.policy.runtime_config import patch_payload, resolve_update
+
+    latest = normalise_runtime_config(
+        {"maxStrictPercentage": 40, "labelWeights": {"a": 2}, "requestID": "v1"}
+    ).to_payload()
+    payload = patch_payload("v2", {"defaultWeight": 3, "requestID": "ignored-here"})
+    assert payload == {"requestID": "v2", "patch": {"defaultWeight": 3}}
+    merged = resolve_update(payload, latest=latest)
+    assert (merged.max_strict_percentage, dict(merged.label_weights)) == (40, {"a": 2})
+    assert (merged.default_weight, merged.request_id) == (3, "v2")
+    # Before any version, the defaults are the base.
+    first = resolve_update(payload, latest=None, default_max_strict_percentage=70)
+    assert (first.max_strict_percentage, first.default_weight) == (70, 3)
+    # A PUT's payload is the config itself.
+    put = normalise_runtime_config({"defaultWeight": 5, "requestID": "p"}).to_payload()
+    assert resolve_update(put, latest=latest).to_payload() == put
+    with pytest.raises(RuntimeConfigError):
+        resolve_update({"requestID": "x", "patch": {"defaultWeight": 0}}, latest=latest)
+    with pytest.raises(RuntimeConfigError):
+        resolve_update({"requestID": "x", "patch": []}, latest=latest)
