@@ -110,7 +110,9 @@ task_insert_batch = _query(
                COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))),
                timeout, unique_key
         FROM input
-        ORDER BY ord
+        -- Inserted in unique_key order, whatever the submission order: concurrent batches
+        -- that share keys wait on each other's keys in one order, never in a cycle.
+        ORDER BY unique_key, ord
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
         DO NOTHING
         RETURNING {_TASK_COLUMNS}
