@@ -158,6 +158,7 @@ task_cancel = _query(
     "task_cancel",
     f"""
     -- pending: cancelled at once; running: flagged, the worker's heartbeat picks the flag up.
+    -- Never the runtime-config update: a newer config supersedes it instead.
     UPDATE taskfleet.tasks t
     SET status = CASE WHEN t.status = 'pending' THEN 'cancelled' ELSE t.status END,
         finished_at = CASE WHEN t.status = 'pending' THEN now() ELSE t.finished_at END,
@@ -165,6 +166,7 @@ task_cancel = _query(
                           ELSE t.last_error END,
         cancel_requested = true
     WHERE t.id = CAST(:id AS bigint) AND t.status IN ('pending', 'running')
+      AND t.type <> '{RUNTIME_CONFIG_TASK_TYPE}'
     RETURNING {_TASK_COLUMNS}
     """,
 )

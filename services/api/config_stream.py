@@ -72,13 +72,16 @@ async def read_snapshot(database: Database, request_id: str, version: int | None
             version = int(row["version"]) if row is not None else None
         if version is None:
             alive = await fetch_all(conn, queries.runtime_config_alive_applied)
+            latest = await fetch_one(conn, queries.runtime_config_latest)
+            # A finished task that wrote no version asks nothing of the fleet.
+            finished = task is not None and task["status"] in ("completed", "failed", "cancelled")
             return Snapshot(
                 task=task,
                 version=None,
-                latest=None,
+                latest=int(latest["version"]) if latest is not None else 0,
                 alive_workers=len(alive),
                 applied_workers=0,
-                lagging=tuple(str(w["id"]) for w in alive),
+                lagging=() if finished else tuple(str(w["id"]) for w in alive),
                 seconds_since_insert=None,
             )
         state = await fetch_one(conn, queries.runtime_config_convergence, version=version)
@@ -137,9 +140,18 @@ def final_event(snapshot: Snapshot) -> Event | None:
                 "event": "failed",
                 "error": f"update task {task['id']} completed with an unknown outcome {outcome!r}",
             }
-        if task_status in ("failed", "cancelled"):
-            error = task["last_error"] or f"update task {task['id']} was {task_status}"
+        if task_status == "failed":
+            error = task["last_error"] or f"update task {task['id']} failed"
             return {"event": "failed", "error": str(error)}
+        if task_status == "cancelled" and snapshot.version is None:
+            # Earlier versions let the update task be cancelled (now refused with a 409).
+            return {
+                "event": "failed",
+                "error": f"update task {task['id']} was cancelled before it wrote a version: "
+                "nothing changed",
+            }
+        # Cancelled after writing its version: the version is out there, and the fleet decides
+        # what became of it, as for a running task.
     if snapshot.version is None or snapshot.latest is None:
         return None
     decision = decide(

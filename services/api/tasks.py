@@ -37,7 +37,7 @@ from taskfleet.api.schemas import (
 from taskfleet.shared import protocol
 from taskfleet.shared import queries as q
 from taskfleet.shared.metrics import ApiMetrics
-from taskfleet.shared.policy.lanes import lane_for_priority
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, lane_for_priority
 from taskfleet.shared.registry import TaskRegistry
 from taskfleet.shared.schema import FINISHED_STATUSES, TaskStatus
 
@@ -372,7 +372,8 @@ async def list_tasks(
     response_model=TaskOut,
     dependencies=[ADMIN],
     responses={404: {"model": ErrorMessage}, 409: {"model": ErrorMessage}, **_ERRORS},
-    summary="Cancel a task (pending: at once; running: the worker interrupts it)",
+    summary="Cancel a task (pending: at once; running: the worker interrupts it; a "
+    "runtime-config update: 409, PUT a new config instead)",
 )
 async def cancel_task(
     id: TaskId, database: Annotated[Database, Depends(get_database)]
@@ -383,6 +384,12 @@ async def cancel_task(
             row = await fetch_one(conn, q.task_get, id=id)
             if row is None:
                 raise _not_found(id)
+            if row["type"] == RUNTIME_CONFIG_TASK_TYPE:
+                raise HTTPException(
+                    status.HTTP_409_CONFLICT,
+                    f"task {id} is a runtime-config update and cannot be cancelled: PUT a new "
+                    "config instead (it supersedes this one)",
+                )
             raise HTTPException(status.HTTP_409_CONFLICT, f"task {id} is already {row['status']}")
     return task_out(row)
 

@@ -946,3 +946,62 @@ async def test_a_long_stream_does_not_swamp_the_http_latency_histogram(
     assert durations, "the PUT is missing from the latency histogram"
     # Recorded as time to the first event, not the 3 s the stream stayed open.
     assert durations[0] < 2.0, durations
+
+
+# --------------------------------------------------------------------------------------------
+# Cancelling a config change: refused; and the document of one cancelled earlier is honest
+
+
+async def test_the_config_update_task_cannot_be_cancelled(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    # No worker: the update task stays pending.
+    response = await client.put(
+        "/runtime-config", params={"wait": "false"}, json={"requestID": "keep-me"}
+    )
+    task_id = response.json()["task_id"]
+    refused = await client.post(f"/tasks/{task_id}/cancel")
+    assert refused.status_code == 409, refused.text
+    assert "PUT a new config" in refused.json()["detail"]
+    row = await conn.fetchrow(
+        "SELECT status, cancel_requested FROM taskfleet.tasks WHERE id = $1", task_id
+    )
+    assert (row["status"], row["cancel_requested"]) == ("pending", False)
+
+
+async def test_a_request_cancelled_before_it_wrote_a_version_says_so(
+    client: httpx.AsyncClient, fleet: list[Worker], conn: asyncpg.Connection
+) -> None:
+    async with put_stream(client, {"requestID": "first"}) as stream:
+        assert (await stream.rest())[-1]["event"] == "converged"
+    # A config task cancelled by an earlier version, before it ran.
+    task_id = await conn.fetchval(
+        "INSERT INTO taskfleet.tasks (type, payload, priority, status, finished_at,"
+        " cancel_requested, last_error) VALUES ($1, $2::jsonb, 2147483647, 'cancelled', now(),"
+        " true, 'cancelled before it started') RETURNING id",
+        UPDATE_TASK_TYPE,
+        json.dumps({"requestID": "cancelled-early", "defaultWeight": 3}),
+    )
+    doc = (await client.get("/runtime-config/requests/cancelled-early")).json()
+    assert doc["task_id"] == task_id and doc["task_status"] == "cancelled"
+    assert doc["version"] is None
+    assert doc["latest_version"] == 1  # not null: the fleet's latest is known
+    assert doc["lagging"] == []  # nobody is expected to apply a version that does not exist
+    assert doc["outcome"] == "failed"
+    assert "before it wrote a version" in doc["final"]["error"]
+
+
+async def test_a_request_cancelled_after_its_version_was_applied_reports_what_happened(
+    client: httpx.AsyncClient, fleet: list[Worker], conn: asyncpg.Connection
+) -> None:
+    async with put_stream(client, {"requestID": "applied", "defaultWeight": 4}) as stream:
+        assert (await stream.rest())[-1]["event"] == "converged"
+    # As an earlier version let a running update task be cancelled after it wrote its version.
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET status = 'cancelled', result = NULL, last_error = 'cancelled'"
+        " WHERE type = $1 AND payload ->> 'requestID' = 'applied'",
+        UPDATE_TASK_TYPE,
+    )
+    doc = (await client.get("/runtime-config/requests/applied")).json()
+    assert doc["task_status"] == "cancelled"
+    assert (doc["version"], doc["outcome"]) == (1, "converged"), doc
