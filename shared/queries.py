@@ -175,8 +175,10 @@ task_queue_stats = _query(
     "task_queue_stats",
     f"""
     -- Pending depth and oldest ready age per lane and normal-lane group (metrics, at scrape).
+    -- A task has been ready since the later of its submission and its run_after: a run_at in
+    -- the past does not make a task submitted now look old.
     SELECT lane, grp, count(*) AS depth,
-           CAST(COALESCE(EXTRACT(EPOCH FROM now() - min(run_after)
+           CAST(COALESCE(EXTRACT(EPOCH FROM now() - min(GREATEST(created_at, run_after))
                                  FILTER (WHERE run_after <= now())), 0) AS float8)
                AS oldest_ready_seconds
     FROM (
@@ -186,7 +188,7 @@ task_queue_stats = _query(
                     COALESCE((SELECT min(l COLLATE "C") FROM unnest(t.labels) AS l
                               WHERE l = ANY(CAST(:configured AS text[]))), 'default')
                END AS grp,
-               t.run_after
+               t.run_after, t.created_at
         FROM taskfleet.tasks t
         WHERE t.status = 'pending'
     ) pending

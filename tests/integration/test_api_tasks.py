@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from taskfleet.api.app import create_app
 from taskfleet.shared import db
@@ -632,3 +633,20 @@ async def test_openapi_document_describes_the_task_routes(client: httpx.AsyncCli
     for path in ("/tasks", "/tasks/batch", "/tasks/{id}", "/tasks/{id}/cancel", "/workers"):
         assert path in paths
     assert "bearer" in str(response.json()["components"]["securitySchemes"]).lower()
+
+
+async def test_oldest_ready_age_counts_from_submission_not_from_a_past_run_at(
+    client: httpx.AsyncClient,
+) -> None:
+    # run_at in 1970: the task became ready when it was submitted, a moment ago, not 57 years
+    # ago (which fired the documented backlog-aging alert at once).
+    await submit(client, type="demo.echo", run_at="1970-01-02T00:00:00Z")
+    text = (await client.get("/metrics")).text
+    ages = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "taskfleet_queue_oldest_ready_age_seconds"
+        and sample.labels == {"lane": "normal", "group": "default"}
+    ]
+    assert len(ages) == 1 and 0 <= ages[0] < 3600, ages
