@@ -415,6 +415,21 @@ worker_register = _query(
                                           EXCLUDED.applied_config_version),
         metrics_port = EXCLUDED.metrics_port, inflight = 0, strict_inflight = 0,
         task_types = EXCLUDED.task_types
+    -- Not over a live row of another process (a second worker with the same id): then nothing
+    -- is returned, and the caller refuses to start. A dead process's row is taken over.
+    WHERE NOT (w.status IN ('online', 'draining')
+               AND w.last_heartbeat > now() - 3 * w.heartbeat_interval * interval '1 second'
+               AND (w.hostname, w.pid) <> (EXCLUDED.hostname, EXCLUDED.pid))
+    RETURNING w.id
+    """,
+)
+
+worker_get = _query(
+    "worker_get",
+    """
+    SELECT w.id, w.hostname, w.pid, w.status, w.last_heartbeat, w.heartbeat_interval,
+           CAST(EXTRACT(EPOCH FROM now() - w.last_heartbeat) AS float8) AS heartbeat_age
+    FROM taskfleet.workers w WHERE w.id = CAST(:id AS text)
     """,
 )
 
@@ -427,10 +442,14 @@ worker_tick = _query(
         UPDATE taskfleet.workers w
         SET last_heartbeat = now(), inflight = CAST(:inflight AS int),
             strict_inflight = CAST(:strict_inflight AS int),
-            -- Re-asserted every beat: a lost write of the applied version heals itself.
+            -- Re-asserted every beat: a lost write of the applied version heals itself, and so
+            -- does a row someone else marked offline while this process runs.
+            status = CAST(:status AS text),
             applied_config_version = GREATEST(w.applied_config_version,
                                               CAST(:applied_version AS bigint))
-        WHERE w.id = CAST(:worker_id AS text)
+        -- Only its own row: a row another process took over (same id) is not this one's.
+        WHERE w.id = CAST(:worker_id AS text) AND w.hostname = CAST(:hostname AS text)
+          AND w.pid = CAST(:pid AS int)
         RETURNING w.id
     ),
     -- ... and the leases of all the tasks it holds, in the same statement. Only those it

@@ -43,6 +43,8 @@ class TickHandlers:
 class TickState:
     """What a tick reports about this process."""
 
+    #: online, or draining: a row someone else marked offline is restored.
+    status: str
     inflight: int
     strict_inflight: int
     applied_version: int
@@ -56,6 +58,7 @@ class Heartbeat:
         *,
         settings: WorkerSettings,
         worker_id: str,
+        owner: tuple[str, int],
         database: Database,
         metrics: WorkerMetrics,
         state: Callable[[], TickState],
@@ -64,6 +67,8 @@ class Heartbeat:
     ) -> None:
         self._settings = settings
         self._worker_id = worker_id
+        #: (hostname, pid): the heartbeat refreshes the row only while it is this process's.
+        self._owner = owner
         self._db = database
         self._metrics = metrics
         self._state = state
@@ -86,6 +91,9 @@ class Heartbeat:
             try:
                 rows = await self._db.fetch(
                     queries.worker_tick,
+                    status=state.status,
+                    hostname=self._owner[0],
+                    pid=self._owner[1],
                     inflight=state.inflight,
                     strict_inflight=state.strict_inflight,
                     applied_version=state.applied_version,

@@ -57,5 +57,5 @@ def run_worker_process(settings: WorkerSettings) -> int:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
-    return 0
+        os._exit(worker.exit_code)
+    return worker.exit_code

@@ -23,6 +23,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -48,6 +49,9 @@ from taskfleet.worker.slots import Slots
 
 log = logging.getLogger("taskfleet.worker")
 
+#: Exit code of a worker that refused to start because its id belongs to a live worker.
+EXIT_DUPLICATE_ID = 2
+
 
 class Worker:
     """One worker process's runtime. Build it, ``await run()``, call ``request_stop()``."""
@@ -72,6 +76,10 @@ class Worker:
         self.task_types = registry.runnable_types()
         self.status = "starting"
         self.metrics_port: int | None = None
+        self.hostname = socket.gethostname()
+        self.pid = os.getpid()
+        #: The process's exit code once run() returns: 0, or 2 when the worker id was taken.
+        self.exit_code = 0
         self._stop = asyncio.Event()
         self._force_stop = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
@@ -133,6 +141,7 @@ class Worker:
         self.heartbeat = Heartbeat(
             settings=settings,
             worker_id=self.id,
+            owner=(self.hostname, self.pid),
             database=self._tick_db,
             metrics=self.metrics,
             state=self._tick_state,
@@ -243,27 +252,57 @@ class Worker:
         self.claim_loop.wake()
 
     async def _start_up(self) -> bool:
+        """Read the config and register; False when stopped first or the id is taken."""
         retry = LoopBackoff(base=0.2, cap=5.0)
+        #: The heartbeat of the live row that holds our id, when we first saw it.
+        held_since: datetime | None = None
         while not self._stop.is_set():
             try:
                 await self.config.refresh(ack=False)
-                await self._io_db.fetch(
-                    queries.worker_register,
-                    id=self.id,
-                    hostname=socket.gethostname(),
-                    pid=os.getpid(),
-                    concurrency=self.settings.concurrency,
-                    heartbeat_interval=self.settings.heartbeat_interval,
-                    applied_config_version=self.applied_version,
-                    metrics_port=self.metrics_port,
-                    task_types=self.task_types,
-                )
-                return True
+                if await self._register():
+                    return True
+                (owner,) = await self._io_db.fetch(queries.worker_get, id=self.id) or [None]
             except DATABASE_ERRORS as exc:
                 delay = retry.next()
                 log.warning("start-up: database unavailable (%s); retrying in %.1fs", exc, delay)
                 await self._sleep(delay)
+                continue
+            if owner is None:
+                continue  # deleted meanwhile: register again
+            if held_since is not None and owner["last_heartbeat"] > held_since:
+                # Its heartbeat moved on: another process lives under this id.
+                self._refuse_duplicate(owner)
+                return False
+            held_since = held_since or owner["last_heartbeat"]
+            # A dead process's row stays "alive" for up to 3 heartbeats: check again soon.
+            await self._sleep(min(1.0, float(owner["heartbeat_interval"]) / 2))
         return False
+
+    async def _register(self) -> bool:
+        rows = await self._io_db.fetch(
+            queries.worker_register,
+            id=self.id,
+            hostname=self.hostname,
+            pid=self.pid,
+            concurrency=self.settings.concurrency,
+            heartbeat_interval=self.settings.heartbeat_interval,
+            applied_config_version=self.applied_version,
+            metrics_port=self.metrics_port,
+            task_types=self.task_types,
+        )
+        return bool(rows)
+
+    def _refuse_duplicate(self, owner: Any) -> None:
+        self.exit_code = EXIT_DUPLICATE_ID
+        log.error(
+            "worker id %r is already in use by a live worker (host %s, pid %s, last heartbeat "
+            "%.1fs ago): give this worker another --worker-id (TASKFLEET_WORKER_ID), or stop "
+            "the other one",
+            self.id,
+            owner["hostname"],
+            owner["pid"],
+            owner["heartbeat_age"],
+        )
 
     async def _drain(self) -> None:
         """Stop claiming, let running tasks finish within drain_timeout, give the rest back."""
@@ -347,6 +386,9 @@ class Worker:
 
     def _tick_state(self) -> TickState:
         return TickState(
+            status=(
+                WorkerStatus.DRAINING if self.status == "draining" else WorkerStatus.ONLINE
+            ).value,
             inflight=self.inflight,
             strict_inflight=self.strict_inflight,
             applied_version=self.applied_version,
@@ -360,8 +402,9 @@ class Worker:
 
     async def _unregistered(self) -> None:
         if self.status == "running":
-            log.warning("worker row missing; registering again")
-            await self._start_up()
+            log.warning("worker row missing or taken over; registering again")
+            if not await self._start_up() and self.exit_code == EXIT_DUPLICATE_ID:
+                self.request_stop()
 
     def _on_notification(self, message: protocol.Message) -> None:
         if isinstance(message, protocol.TaskReady):

@@ -218,6 +218,9 @@ async def tick(
     rows = await run(
         conn,
         q.worker_tick,
+        status="online",
+        hostname="test-host",
+        pid=1,
         inflight=inflight,
         strict_inflight=strict_inflight,
         applied_version=applied_version,
