@@ -517,6 +517,10 @@ worker_tick = _query(
         ORDER BY c.priority DESC, c.created_at, c.id LIMIT 1) AS t
     UNION ALL SELECT 'wake', NULL, pg_notify('taskfleet_task_ready', '')::text
         FROM (SELECT 1 FROM rescued WHERE rescued.status = 'pending' LIMIT 1) AS any_rescued
+    -- The schema's revision: a worker claims nothing on a schema it was not written for.
+    UNION ALL SELECT 'schema', NULL,
+        (SELECT string_agg(v.version_num, ',' ORDER BY v.version_num)
+         FROM taskfleet.alembic_version v)
     """,
 )
 

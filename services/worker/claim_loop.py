@@ -9,6 +9,7 @@ applied), the poll interval, or shutdown. A busy worker sends no claims.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -29,6 +30,10 @@ from taskfleet.worker.outcomes import DATABASE_ERRORS, OutcomeWriter, finish_par
 from taskfleet.worker.slots import Running, Slots
 
 log = logging.getLogger("taskfleet.worker")
+
+#: A claim round trip takes milliseconds; one in flight this long is stuck (on a lock, or a
+#: server that does not answer), and /readyz says so.
+CLAIM_STALL_SECONDS = 5.0
 
 
 class ClaimLoop:
@@ -68,6 +73,15 @@ class ClaimLoop:
         #: The last claim's probe saw strict work that only the strict cap held back.
         self._strict_held_back = False
         self._last_dry_reset = 0.0
+        #: Why claiming is paused (the schema is not the expected one), or None.
+        self._paused: str | None = None
+        self._resumed = asyncio.Event()
+        #: When the claim statement in flight was sent (None: none in flight).
+        self._in_flight_since: float | None = None
+        #: The last claim failed (cleared by the next that succeeds).
+        self._failing = False
+        #: A claim in flight longer than this is stuck (readiness).
+        self.stall_after = CLAIM_STALL_SECONDS
 
     # ---------------------------------------------------------------- hints
 
@@ -106,12 +120,40 @@ class ClaimLoop:
         self._work_hint.set()
         self._slots.freed.set()
         self._control_event.set()
+        self._resumed.set()
+
+    def pause(self, reason: str) -> None:
+        """Claim nothing until resume() (outcomes still go out)."""
+        self._paused = reason
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        if self._paused is not None:
+            self._paused = None
+            self._resumed.set()
+            self.hint_anywhere()
+
+    def problem(self) -> str | None:
+        """Why the loop is not making progress, or None (for /readyz)."""
+        if self._paused is not None:
+            return f"claiming is paused: {self._paused}"
+        if self._failing:
+            return "the last claim failed"
+        since = self._in_flight_since
+        if since is not None and self._clock() - since > self.stall_after:
+            return f"a claim has been in flight for more than {self.stall_after:g}s"
+        return None
 
     # ---------------------------------------------------------------- the loop
 
     async def run(self) -> None:
         retry = LoopBackoff()
         while not self._stop.is_set():
+            if self._paused is not None:
+                self._outcomes.claim_waiting()
+                await self._wait_any(self._resumed, timeout=None)
+                self._outcomes.claim_pending = True
+                continue
             now = self._clock()
             if now - self._last_dry_reset >= self._settings.poll_interval:
                 # Delayed tasks and retries become ready without a notification.
@@ -157,6 +199,7 @@ class ClaimLoop:
             if plan.control:
                 self._control_hint = False
             outcomes = self._outcomes.take_for_claim()
+            self._in_flight_since = self._clock()
             try:
                 rows = await self._db.fetch(
                     queries.task_claim,
@@ -176,6 +219,8 @@ class ClaimLoop:
                 self._outcomes.put_back(outcomes)  # never drop an outcome, even now
                 raise
             except DATABASE_ERRORS as exc:
+                self._in_flight_since = None
+                self._failing = True
                 # Never drop an outcome. If the server refused the statement, one of them may
                 # be at fault: they go out on their own, and the next claim carries none.
                 self._outcomes.put_back(outcomes, refused=rejected_statement(exc))
@@ -186,6 +231,8 @@ class ClaimLoop:
                 self._outcomes.claim_pending = True
                 continue
             retry.reset()
+            self._in_flight_since = None
+            self._failing = False
             if outcomes:
                 report_lost(outcomes, rows[0]["finished_ids"] if rows else [])
             claimed: Counter[tuple[Lane, GroupKey]] = Counter()
@@ -237,7 +284,6 @@ class ClaimLoop:
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, cut short by a stop request."""
-        try:
-            await asyncio.wait_for(self._stop.wait(), seconds)
-        except TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()

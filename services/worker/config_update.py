@@ -152,9 +152,8 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
                 last_notify = now
             until_notify = config.notify_interval - (time.monotonic() - last_notify)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    acked.wait(), max(0.005, min(config.listen_timeout, until_notify))
-                )
+                async with asyncio.timeout(max(0.005, min(config.listen_timeout, until_notify))):
+                    await acked.wait()
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), 5)

@@ -57,19 +57,20 @@ class Database:
         self._application_name = application_name
         self._conn: asyncpg.Connection | None = None
         self._lock = asyncio.Lock()
-        self.healthy = False
+        #: The last statement failed (none yet: not failing).
+        self.failing = False
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncio.wait_for(
-                db.connect(
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
+            # arrives as the connection completes, and a loop being stopped would run on.
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                self._conn = await db.connect(
                     self._url,
                     application_name=self._application_name,
                     synchronous_commit=self._synchronous_commit,
                     statement_timeout=self._timeout,
-                ),
-                CONNECT_TIMEOUT,
-            )
+                )
         return self._conn
 
     async def fetch(self, query: Query, **params: Any) -> list[asyncpg.Record]:
@@ -88,14 +89,15 @@ class Database:
                     exc, (asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError)
                 ) and not isinstance(exc, asyncpg.QueryCanceledError):
                     self._discard()
-                self.healthy = False
+                self.failing = True
                 raise
-            except BaseException:
+            except BaseException as exc:
                 # Network errors, timeouts, cancellation: the protocol state is unknown.
                 self._discard()
-                self.healthy = False
+                if not isinstance(exc, asyncio.CancelledError):
+                    self.failing = True
                 raise
-            self.healthy = True
+            self.failing = False
             return rows
 
     def _discard(self) -> None:

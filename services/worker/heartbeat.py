@@ -37,6 +37,8 @@ class TickHandlers:
     control_pending: Callable[[], None]
     #: The worker row is gone: register again.
     unregistered: Callable[[], Awaitable[None]]
+    #: The schema's revisions (alembic_version), every tick.
+    schema_revisions: Callable[[list[str]], None]
 
 
 @dataclass(frozen=True)
@@ -129,3 +131,6 @@ class Heartbeat:
                     self._handlers.control_pending()
                 elif kind == "registered" and row["id"] == 0:
                     await self._handlers.unregistered()
+                elif kind == "schema":
+                    found = row["status"]
+                    self._handlers.schema_revisions(found.split(",") if found else [])

@@ -16,6 +16,7 @@ import asyncpg
 
 from taskfleet.shared import db, protocol
 from taskfleet.shared.metrics import WorkerMetrics
+from taskfleet.worker.stopping import stop_tasks
 
 log = logging.getLogger("taskfleet.worker.listener")
 
@@ -50,9 +51,7 @@ class Listener:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_tasks([self._task])
             self._task = None
 
     @property
@@ -68,9 +67,11 @@ class Listener:
             lost = asyncio.Event()
             conn: asyncpg.Connection | None = None
             try:
-                live: asyncpg.Connection = await asyncio.wait_for(
-                    db.connect(self._url, application_name="taskfleet-worker-listen"), 30
-                )
+                # asyncio.timeout, not wait_for (which can swallow a cancel on Python 3.11).
+                async with asyncio.timeout(30):
+                    live: asyncpg.Connection = await db.connect(
+                        self._url, application_name="taskfleet-worker-listen"
+                    )
                 conn = live
                 live.add_termination_listener(lambda _c, lost=lost: lost.set())
                 for channel in self._channels:
@@ -87,7 +88,8 @@ class Listener:
                 await self._on_connect()
                 while not lost.is_set() and not live.is_closed():
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), CLOSED_CHECK_INTERVAL)
+                        async with asyncio.timeout(CLOSED_CHECK_INTERVAL):
+                            await lost.wait()
                 log.warning("listener connection lost")
             except asyncio.CancelledError:
                 raise

@@ -26,10 +26,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 from prometheus_client import CollectorRegistry
 
 from taskfleet.shared import protocol, queries
 from taskfleet.shared.metrics import WorkerMetrics
+from taskfleet.shared.migrations import head_revision, known_revisions, schema_problem
 from taskfleet.shared.policy.backoff import BackoffPolicy, LoopBackoff
 from taskfleet.shared.policy.claim_plan import ClaimPlanner
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
@@ -45,12 +47,16 @@ from taskfleet.worker.heartbeat import Heartbeat, TickHandlers, TickState
 from taskfleet.worker.invocation import HandlerRunner
 from taskfleet.worker.listener import Listener
 from taskfleet.worker.outcomes import DATABASE_ERRORS, OutcomeWriter
+from taskfleet.worker.readiness import ReadinessInputs, not_ready_reasons
 from taskfleet.worker.slots import Slots
+from taskfleet.worker.stopping import stop_tasks
 
 log = logging.getLogger("taskfleet.worker")
 
 #: Exit code of a worker that refused to start because its id belongs to a live worker.
 EXIT_DUPLICATE_ID = 2
+#: How often a worker waiting for a usable schema at start-up looks again (seconds).
+SCHEMA_RECHECK_SECONDS = 2.0
 
 
 class Worker:
@@ -80,6 +86,11 @@ class Worker:
         self.pid = os.getpid()
         #: The process's exit code once run() returns: 0, or 2 when the worker id was taken.
         self.exit_code = 0
+        #: The schema revision this code was written for, and why the database's is not usable
+        #: (None while it is).
+        self.expected_revision = head_revision()
+        self._known_revisions = known_revisions()
+        self.schema_problem: str | None = None
         self._stop = asyncio.Event()
         self._force_stop = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
@@ -150,6 +161,7 @@ class Worker:
                 latest_config=self.config.newer_version_seen,
                 control_pending=self._control_pending,
                 unregistered=self._unregistered,
+                schema_revisions=self._schema_seen,
             ),
             clock=clock,
         )
@@ -192,14 +204,26 @@ class Worker:
         """Blocking handlers whose thread still runs (after a timeout, cancel, or drain)."""
         return self.slots.threads_running
 
+    def not_ready_reasons(self) -> list[str]:
+        """For /readyz: empty when ready, else why not (readiness.py says what ready is)."""
+        return not_ready_reasons(
+            ReadinessInputs(
+                status=self.status,
+                connections_failing={
+                    "claim": self._claim_db.failing,
+                    "outcomes": self._io_db.failing,
+                    "heartbeat": self._tick_db.failing,
+                },
+                listen_enabled=self.settings.listen_enabled,
+                listener_connected=self.listener.connected.is_set(),
+                schema_problem=self.schema_problem,
+                claim_problem=self.claim_loop.problem(),
+            )
+        )
+
     @property
     def healthy(self) -> bool:
-        """For /readyz: running, database reachable, listener up (when enabled)."""
-        if self.status != "running":
-            return False
-        if self.settings.listen_enabled and not self.listener.connected.is_set():
-            return False
-        return self._io_db.healthy or self._claim_db.healthy
+        return not self.not_ready_reasons()
 
     def request_config_refresh(self) -> None:
         """Read the latest config version soon."""
@@ -258,6 +282,11 @@ class Worker:
         held_since: datetime | None = None
         while not self._stop.is_set():
             try:
+                if not self._schema_usable(await self._schema_revisions()):
+                    # Nothing is registered or claimed on a schema this code was not written
+                    # for; /readyz says why. Checked again until it is usable.
+                    await self._sleep(SCHEMA_RECHECK_SECONDS)
+                    continue
                 await self.config.refresh(ack=False)
                 if await self._register():
                     return True
@@ -277,6 +306,32 @@ class Worker:
             # A dead process's row stays "alive" for up to 3 heartbeats: check again soon.
             await self._sleep(min(1.0, float(owner["heartbeat_interval"]) / 2))
         return False
+
+    async def _schema_revisions(self) -> list[str]:
+        try:
+            rows = await self._io_db.fetch(queries.schema_revision)
+        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
+            return []  # not migrated at all
+        return sorted(str(r["version_num"]) for r in rows)
+
+    def _schema_usable(self, found: list[str]) -> bool:
+        """Record whether the schema is the one this code expects; log each change once."""
+        problem = schema_problem(found, head=self.expected_revision, known=self._known_revisions)
+        if problem != self.schema_problem:
+            if problem is not None:
+                log.error("worker %s claims nothing: %s", self.id, problem)
+            elif self.schema_problem is not None:
+                log.info("worker %s: the schema is at revision %s again", self.id, found[0])
+            self.schema_problem = problem
+        return problem is None
+
+    def _schema_seen(self, found: list[str]) -> None:
+        """Every tick: pause claiming while the schema is not the expected one."""
+        if self._schema_usable(found):
+            self.claim_loop.resume()
+        else:
+            assert self.schema_problem is not None
+            self.claim_loop.pause(self.schema_problem)
 
     async def _register(self) -> bool:
         rows = await self._io_db.fetch(
@@ -322,9 +377,7 @@ class Worker:
                 return_when=asyncio.FIRST_COMPLETED,
             )
             force.cancel()
-            if not claim_loop.done():
-                claim_loop.cancel()
-            await asyncio.gather(claim_loop, return_exceptions=True)
+            await stop_tasks([claim_loop])
         with contextlib.suppress(Exception):
             await self._set_status(WorkerStatus.DRAINING)
         running = [r.task for r in self.slots.all() if r.task is not None]
@@ -347,9 +400,7 @@ class Worker:
         while self.outcomes.busy and self.clock() < deadline:
             self.outcomes.kick()
             await asyncio.sleep(0.02)
-        for loop_task in self._loops[1:]:
-            loop_task.cancel()
-        await asyncio.gather(*self._loops[1:], return_exceptions=True)
+        await stop_tasks(self._loops[1:])
         if len(self.outcomes):
             log.error("could not write %d outcome(s); their leases will expire", len(self.outcomes))
         with contextlib.suppress(Exception):
@@ -378,7 +429,8 @@ class Worker:
     async def _sleep(self, seconds: float) -> None:
         """Sleep, cut short by a stop request."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
 
     # ----------------------------------------------------------------------------------------
     # Routing what the heartbeat and the listener learn

@@ -10,6 +10,7 @@ from functools import partial
 
 import asyncpg
 
+from tests import pg
 from tests.integration import workerkit as kit
 
 
@@ -255,3 +256,55 @@ async def test_a_drain_lets_a_claim_in_flight_finish_and_loses_nothing_it_carrie
             ("completed", {"value": 3}),
             ("pending", None),
         ], rows[claimable]
+
+
+async def test_readiness_needs_a_claim_loop_that_makes_progress(database_url: str) -> None:
+    # /readyz was green while either connection was up. A claim stuck on a lock is not
+    # progress: the worker says so, and is ready again once the claim goes through.
+    from taskfleet.worker.outcomes import Outcome
+
+    async with kit.connect(database_url) as conn, kit.connect(database_url) as blocker:
+        worker = kit.build_worker(database_url, poll_interval=30.0)
+        async with kit.running_worker(database_url, worker=worker):
+            assert worker.not_ready_reasons() == []
+            (held,) = await kit.submit(conn, "demo.echo", [{}], delay=3600)
+            await conn.execute(
+                "UPDATE taskfleet.tasks SET status = 'running', worker_id = 'w1', attempts = 1,"
+                " lease_expires_at = now() + interval '1 minute' WHERE id = $1",
+                held,
+            )
+            async with blocker.transaction():
+                await blocker.execute(
+                    "SELECT 1 FROM taskfleet.tasks WHERE id = $1 FOR UPDATE", held
+                )
+                worker.outcomes.claim_pending = True
+                worker.outcomes.put(Outcome(held, 1, "completed", result="{}"))
+                worker.claim_loop.hint_work()
+                await kit.wait_until(
+                    lambda: _waits_on_a_lock(conn, "taskfleet-worker-claim"), "the claim waits"
+                )
+                await kit.wait_until(
+                    lambda: any("in flight" in r for r in worker.not_ready_reasons()),
+                    "readiness sees the stuck claim",
+                )
+                assert not worker.healthy
+            await kit.wait_until(lambda: worker.healthy, "ready again")
+
+
+async def test_readiness_needs_every_database_connection(database_url: str) -> None:
+    async with kit.connect(database_url) as conn, kit.running_worker(database_url) as worker:
+        assert worker.healthy
+        # The database refuses new connections and the worker's are dropped: its claims and
+        # heartbeats fail (the test's own connection stays).
+        name = str(await conn.fetchval("SELECT current_database()"))
+        async with kit.connect(pg.with_database(database_url, "postgres")) as admin:
+            await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            try:
+                await kit.terminate_worker_backends(conn)
+                await kit.wait_until(
+                    lambda: any("is failing" in r for r in worker.not_ready_reasons()),
+                    "readiness sees the failing connections",
+                )
+            finally:
+                await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        await kit.wait_until(lambda: worker.healthy, "ready again", timeout=30)
