@@ -26,7 +26,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from taskfleet.api.database import Database, DatabaseUnavailable, Row, fetch_all, fetch_one
 from taskfleet.api.negotiation import JSON, SSE
 from taskfleet.shared import queries
-from taskfleet.shared.policy.convergence import Converged, FleetView, Superseded, decide
+from taskfleet.shared.policy.convergence import (
+    NO_ALIVE_WORKER,
+    Converged,
+    FleetView,
+    Superseded,
+    TimedOut,
+    decide,
+)
 
 log = logging.getLogger("taskfleet.api.runtime_config")
 
@@ -136,6 +143,18 @@ def final_event(snapshot: Snapshot) -> Event | None:
                     "version": version,
                     "superseded_by": _int_or(result.get("superseded_by"), snapshot.latest),
                 }
+            if outcome == "timeout":
+                # The update task's own deadline passed (TASKFLEET_RUNTIME_CONFIG_DEADLINE).
+                lagging = result.get("lagging")
+                event: Event = {
+                    "event": "timeout",
+                    "version": version,
+                    "lagging": list(lagging) if isinstance(lagging, list) else [],
+                    "alive_workers": _int_or(result.get("alive_workers"), None),
+                }
+                if isinstance(result.get("reason"), str):
+                    event["reason"] = result["reason"]
+                return event
             return {
                 "event": "failed",
                 "error": f"update task {task['id']} completed with an unknown outcome {outcome!r}",
@@ -172,6 +191,42 @@ def final_event(snapshot: Snapshot) -> Event | None:
     if isinstance(decision, Converged):
         return {"event": "converged", "version": decision.version, "seconds": decision.seconds}
     return None
+
+
+def timeout_event(snapshot: Snapshot | None, version: int | None) -> Event:
+    """The stream's own deadline (``?timeout=``) passed before an outcome; the config task goes
+    on. Says so when no worker is alive (nothing can converge then)."""
+    if snapshot is not None and snapshot.version is not None and snapshot.latest is not None:
+        decision = decide(
+            FleetView(
+                version=snapshot.version,
+                latest=snapshot.latest,
+                alive_workers=snapshot.alive_workers,
+                lagging=snapshot.lagging,
+                seconds_since_insert=snapshot.seconds_since_insert,
+            ),
+            deadline_passed=True,
+        )
+        if isinstance(decision, TimedOut):
+            event: Event = {
+                "event": "timeout",
+                "version": decision.version,
+                "lagging": list(decision.lagging),
+                "alive_workers": decision.alive_workers,
+            }
+            if decision.reason is not None:
+                event["reason"] = decision.reason
+            return event
+    alive = snapshot.alive_workers if snapshot is not None else None
+    event = {
+        "event": "timeout",
+        "version": version,
+        "lagging": list(snapshot.lagging) if snapshot is not None else [],
+        "alive_workers": alive,
+    }
+    if alive == 0:
+        event["reason"] = NO_ALIVE_WORKER
+    return event
 
 
 def enqueued_event(request_id: str, task_id: int | None, deduplicated: bool) -> Event:
@@ -233,11 +288,7 @@ async def watch_request(
                 yield final
                 return
         if now >= deadline:
-            yield {
-                "event": "timeout",
-                "version": version,
-                "lagging": list(last.lagging) if last is not None else [],
-            }
+            yield timeout_event(last, version)
             return
         if gone is not None and await gone():
             return

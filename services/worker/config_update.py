@@ -3,9 +3,9 @@
 
 1. validate and normalise again; 2. insert the version (or find it by request id: retries are
 idempotent); 3. NOTIFY ``up_config``; 4. loop until the fleet has an outcome for it (the rule in
-``shared/policy/convergence.py``: superseded or converged), re-notifying every notifyInterval
-and waiting up to listenTimeout for ACKs, which only make the next check come sooner. The
-database decides.
+``shared/policy/convergence.py``: superseded or converged, or timeout once
+TASKFLEET_RUNTIME_CONFIG_DEADLINE has passed), re-notifying every notifyInterval and waiting up
+to listenTimeout for ACKs, which only make the next check come sooner. The database decides.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import asyncpg
 
 from taskfleet.shared import db, protocol, queries
 from taskfleet.shared.metrics import WorkerMetrics
-from taskfleet.shared.policy.convergence import FleetView, Superseded, decide
+from taskfleet.shared.policy.convergence import FleetView, Superseded, TimedOut, decide
 from taskfleet.shared.policy.runtime_config import (
     RuntimeConfig,
     RuntimeConfigError,
@@ -112,6 +112,7 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
         await _fetch(conn, queries.notify, channel=protocol.CONFIG_CHANNEL, payload=up_config)
         writer.refresh_local()
         last_notify = time.monotonic()
+        deadline = last_notify + settings.runtime_config_deadline
         while True:
             acked.clear()
             state = await _fetch(conn, queries.runtime_config_convergence, version=version)
@@ -125,7 +126,8 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
                     alive_workers=int(state["alive_workers"]),
                     lagging=lagging,
                     seconds_since_insert=float(since) if since is not None else None,
-                )
+                ),
+                deadline_passed=time.monotonic() >= deadline,
             )
             if isinstance(decision, Superseded):
                 metrics.superseded.inc()
@@ -135,6 +137,24 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
                     "version": version,
                     "superseded_by": decision.superseded_by,
                 }
+            if isinstance(decision, TimedOut):
+                log.warning(
+                    "task %d: runtime config version %d not applied by every alive worker "
+                    "within %gs; giving the control slot back (lagging: %s)",
+                    task_id,
+                    version,
+                    settings.runtime_config_deadline,
+                    ", ".join(decision.lagging) or decision.reason,
+                )
+                result: dict[str, Any] = {
+                    "outcome": "timeout",
+                    "version": version,
+                    "lagging": list(decision.lagging),
+                    "alive_workers": decision.alive_workers,
+                }
+                if decision.reason is not None:
+                    result["reason"] = decision.reason
+                return result
             if decision is not None:
                 seconds = decision.seconds or 0.0
                 metrics.convergence_seconds.observe(seconds)

@@ -22,6 +22,7 @@ import pytest
 
 from taskfleet.api import config_stream, negotiation
 from taskfleet.shared import db
+from taskfleet.shared.policy.convergence import NO_ALIVE_WORKER
 from taskfleet.shared.registry import load_registry
 from taskfleet.shared.settings import ApiSettings, WorkerSettings
 from taskfleet.worker.worker import Worker
@@ -602,7 +603,12 @@ async def test_a_timeout_names_the_lagging_worker_and_the_task_goes_on(
         events = await stream.rest()
     assert_event_order(events)
     version = events[1]["version"]
-    assert events[-1] == {"event": "timeout", "version": version, "lagging": ["fake"]}
+    assert events[-1] == {
+        "event": "timeout",
+        "version": version,
+        "lagging": ["fake"],
+        "alive_workers": 4,
+    }
 
     # The config task goes on after the stream gave up; it converges once the fake is gone.
     status = await conn.fetchval(
@@ -644,7 +650,13 @@ async def test_with_no_alive_worker_the_stream_says_so_and_times_out(
         "applied_workers": 0,
         "lagging": [],
     }
-    assert events[2] == {"event": "timeout", "version": None, "lagging": []}
+    assert events[2] == {
+        "event": "timeout",
+        "version": None,
+        "lagging": [],
+        "alive_workers": 0,
+        "reason": NO_ALIVE_WORKER,
+    }
     # Enqueued all the same: the first worker to come up will run it.
     assert await update_task_count(conn) == 1
 
@@ -1005,3 +1017,73 @@ async def test_a_request_cancelled_after_its_version_was_applied_reports_what_ha
     doc = (await client.get("/runtime-config/requests/applied")).json()
     assert doc["task_status"] == "cancelled"
     assert (doc["version"], doc["outcome"]) == (1, "converged"), doc
+
+
+# --------------------------------------------------------------------------------------------
+# A change that cannot converge ends, after a bounded time; no alive worker is not convergence
+
+
+async def test_a_change_that_cannot_converge_times_out_and_frees_the_control_slot(
+    client: httpx.AsyncClient, database_url: str, fake_worker: FakeWorker
+) -> None:
+    # The fake worker is alive and never applies anything: the update task gives up after its
+    # deadline, naming it, instead of re-notifying forever with the control slot held.
+    settings = WorkerSettings(
+        database_url=database_url,
+        worker_id="writer",
+        metrics_port=0,
+        heartbeat_interval=0.2,
+        lease_ttl=1.0,
+        poll_interval=0.2,
+        runtime_config_deadline=1.0,
+    )
+    worker = Worker(settings, load_registry([]))
+    run = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.ready.wait(), PATIENCE)
+        answer = await client.put(
+            "/runtime-config",
+            json={"requestID": "stuck", "defaultWeight": 2},
+            headers={"Accept": "application/json"},
+        )
+        doc = answer.json()
+        assert (doc["outcome"], doc["lagging"]) == ("timeout", ["fake"]), doc
+        request = (await client.get("/runtime-config/requests/stuck")).json()
+        assert (request["task_status"], request["outcome"]) == ("completed", "timeout")
+        assert request["final"]["lagging"] == ["fake"]
+        # The control slot is free: the next change runs (and converges once fake is gone).
+        await fake_worker.go_stale()
+        answer = await client.put(
+            "/runtime-config",
+            json={"requestID": "next", "defaultWeight": 3},
+            headers={"Accept": "application/json"},
+        )
+        assert answer.json()["outcome"] == "converged", answer.json()
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(run, PATIENCE)
+
+
+async def test_no_alive_worker_is_not_reported_as_converged(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    # A version written while no worker is alive (its writer died since): nobody runs it.
+    await conn.execute(
+        "INSERT INTO taskfleet.worker_runtime_configs (request_id, payload)"
+        " VALUES ('orphan', $1::jsonb)",
+        json.dumps({"requestID": "orphan", "defaultWeight": 5}),
+    )
+    doc = (await client.get("/runtime-config/requests/orphan")).json()
+    assert (doc["version"], doc["alive_workers"], doc["outcome"]) == (1, 0, None), doc
+    async with put_stream(
+        client,
+        {},
+        method="GET",
+        path="/runtime-config/requests/orphan",
+        params={"watch": "true", "timeout": "0.5"},
+    ) as stream:
+        events = await stream.rest()
+    final = events[-1]
+    assert final["event"] == "timeout", events
+    assert (final["alive_workers"], final["lagging"]) == (0, [])
+    assert "no alive worker" in final["reason"]
