@@ -24,9 +24,9 @@ from taskfleet.shared.policy.claim_plan import ClaimPlan, ClaimPlanner
 from taskfleet.shared.policy.groups import GroupKey, group_name
 from taskfleet.shared.policy.lanes import Lane
 from taskfleet.shared.settings import WorkerSettings
-from taskfleet.worker.database import Database, rejected_statement
+from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line, rejected_statement
 from taskfleet.worker.executor import Executor
-from taskfleet.worker.outcomes import DATABASE_ERRORS, OutcomeWriter, finish_params, report_lost
+from taskfleet.worker.outcomes import OutcomeWriter, finish_params, report_lost
 from taskfleet.worker.slots import Running, Slots
 
 log = logging.getLogger("taskfleet.worker")
@@ -225,7 +225,7 @@ class ClaimLoop:
                 # be at fault: they go out on their own, and the next claim carries none.
                 self._outcomes.put_back(outcomes, refused=rejected_statement(exc))
                 delay = retry.next()
-                log.warning("claim failed (%s); retrying in %.2fs", exc, delay)
+                log.warning("claim failed (%s); retrying in %.2fs", first_line(exc), delay)
                 self._outcomes.claim_waiting()
                 await self._sleep(delay)
                 self._outcomes.claim_pending = True

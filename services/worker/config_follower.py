@@ -16,8 +16,7 @@ from taskfleet.shared import protocol, queries
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.claim_plan import ClaimPlanner
 from taskfleet.shared.policy.runtime_config import RuntimeConfig, config_from_payload
-from taskfleet.worker.database import Database
-from taskfleet.worker.outcomes import DATABASE_ERRORS
+from taskfleet.worker.database import DATABASE_ERRORS, Database
 
 log = logging.getLogger("taskfleet.worker")
 

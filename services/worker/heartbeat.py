@@ -19,8 +19,7 @@ from taskfleet.shared import queries
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.settings import WorkerSettings
-from taskfleet.worker.database import Database
-from taskfleet.worker.outcomes import DATABASE_ERRORS
+from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line
 
 log = logging.getLogger("taskfleet.worker")
 
@@ -109,8 +108,11 @@ class Heartbeat:
             except DATABASE_ERRORS as exc:
                 self._metrics.heartbeat_failures.inc()
                 delay = retry.next()
-                log.warning("heartbeat failed (%s); retrying in %.2fs", exc, delay)
-                next_tick = now + delay
+                log.warning("heartbeat failed (%s); retrying in %.2fs", first_line(exc), delay)
+                # The next try, the sweep included, waits the whole delay: a sweep time left in
+                # the past made the loop retry at once, hundreds of times a second in an outage.
+                next_tick = self._clock() + delay  # from now: the delay it logs is the one it waits
+                next_sweep = max(next_sweep, next_tick)
                 continue
             retry.reset()
             next_tick = now + interval

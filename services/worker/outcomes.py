@@ -18,14 +18,9 @@ from taskfleet.shared import queries
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.schema import TaskStatus
 from taskfleet.shared.storable import escape_text
-from taskfleet.worker.database import Database, rejected_statement
+from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line, rejected_statement
 
 log = logging.getLogger("taskfleet.worker")
-
-#: What a database round trip can raise: server errors, network errors, timeouts, and asyncpg's
-#: own client-side errors (InternalClientError after a killed connection is not an
-#: InterfaceError). All of them are retried with backoff; none may stop the worker.
-DATABASE_ERRORS: tuple[type[Exception], ...] = (Exception,)
 
 #: The status of a drain release: given back to pending, the attempt not counted.
 RELEASED = "released"
@@ -153,7 +148,10 @@ class OutcomeWriter:
                 self._queue[:0] = batch
                 delay = retry.next()
                 log.warning(
-                    "writing %d outcome(s) failed (%s); retry in %.2fs", len(batch), exc, delay
+                    "writing %d outcome(s) failed (%s); retrying in %.2fs",
+                    len(batch),
+                    first_line(exc),
+                    delay,
                 )
                 await asyncio.sleep(delay)
                 self._event.set()

@@ -41,12 +41,18 @@ from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.claim_loop import ClaimLoop
 from taskfleet.worker.config_follower import ConfigFollower
 from taskfleet.worker.config_update import ConfigWriter
-from taskfleet.worker.database import CLIENT_TIMEOUT_MARGIN, STATEMENT_TIMEOUT, Database
+from taskfleet.worker.database import (
+    CLIENT_TIMEOUT_MARGIN,
+    DATABASE_ERRORS,
+    STATEMENT_TIMEOUT,
+    Database,
+    first_line,
+)
 from taskfleet.worker.executor import Executor
 from taskfleet.worker.heartbeat import Heartbeat, TickHandlers, TickState
 from taskfleet.worker.invocation import HandlerRunner
 from taskfleet.worker.listener import Listener
-from taskfleet.worker.outcomes import DATABASE_ERRORS, OutcomeWriter
+from taskfleet.worker.outcomes import OutcomeWriter
 from taskfleet.worker.readiness import ReadinessInputs, not_ready_reasons
 from taskfleet.worker.slots import Slots
 from taskfleet.worker.stopping import stop_tasks
@@ -293,7 +299,11 @@ class Worker:
                 (owner,) = await self._io_db.fetch(queries.worker_get, id=self.id) or [None]
             except DATABASE_ERRORS as exc:
                 delay = retry.next()
-                log.warning("start-up: database unavailable (%s); retrying in %.1fs", exc, delay)
+                log.warning(
+                    "start-up failed (database unavailable: %s); retrying in %.2fs",
+                    first_line(exc),
+                    delay,
+                )
                 await self._sleep(delay)
                 continue
             if owner is None:
