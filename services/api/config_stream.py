@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from taskfleet.api.database import Database, DatabaseUnavailable, Row, fetch_all, fetch_one
 from taskfleet.api.negotiation import JSON, SSE
+from taskfleet.api.shutdown import Shutdown
 from taskfleet.shared import queries
 from taskfleet.shared.policy.convergence import (
     NO_ALIVE_WORKER,
@@ -245,11 +246,13 @@ async def watch_request(
     *,
     timeout: float,
     gone: Callable[[], Awaitable[bool]] | None = None,
+    shutdown: Shutdown | None = None,
 ) -> AsyncIterator[Event]:
     """The events of one config request, ``first`` (the ``enqueued`` event) first, then
     ``version``, ``progress`` whenever the fleet moves (or every heartbeat), one final event.
 
-    Stops early, without a final event, when ``gone()`` says the client left.
+    Stops early, without a final event, when ``gone()`` says the client left or the server
+    begins to stop (the client re-attaches by the request id).
     """
     yield first
     loop = asyncio.get_running_loop()
@@ -293,7 +296,11 @@ async def watch_request(
         if gone is not None and await gone():
             return
         interval = POLL_MIN_SECONDS if changed else min(interval * POLL_GROWTH, POLL_MAX_SECONDS)
-        await asyncio.sleep(min(interval, max(deadline - loop.time(), 0.0)))
+        pause = min(interval, max(deadline - loop.time(), 0.0))
+        if shutdown is None:
+            await asyncio.sleep(pause)
+        elif shutdown.started or await shutdown.sleep(pause):
+            return
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,6 +323,17 @@ _STREAM_HEADERS = {
 }
 
 
+def _shutting_down(request_id: str) -> JSONResponse:
+    return JSONResponse(
+        {
+            "detail": "the API is shutting down; the config change goes on: follow it with "
+            f"GET {request_location(request_id)}?watch=true"
+        },
+        status_code=503,
+        headers={"Retry-After": "1", "Location": request_location(request_id)},
+    )
+
+
 def request_location(request_id: str) -> str:
     return f"/runtime-config/requests/{quote(request_id, safe='')}"
 
@@ -326,16 +344,24 @@ async def respond(
     media_type: str,
     first: Event,
     timeout: float,
+    shutdown: Shutdown | None = None,
 ) -> Response:
     request_id = str(first["request_id"])
     if media_type == JSON:
         events = [
             event
             async for event in watch_request(
-                database, request_id, first, timeout=timeout, gone=request.is_disconnected
+                database,
+                request_id,
+                first,
+                timeout=timeout,
+                gone=request.is_disconnected,
+                shutdown=shutdown,
             )
         ]
         final = events[-1] if events and events[-1]["event"] in FINAL_EVENTS else None
+        if final is None and shutdown is not None and shutdown.started:
+            return _shutting_down(request_id)
         document: dict[str, Any] = {
             "request_id": request_id,
             "task_id": first["task_id"],
@@ -349,7 +375,9 @@ async def respond(
 
     async def body() -> AsyncIterator[bytes]:
         # Starlette cancels this generator when the client disconnects.
-        async for event in watch_request(database, request_id, first, timeout=timeout):
+        async for event in watch_request(
+            database, request_id, first, timeout=timeout, shutdown=shutdown
+        ):
             yield encode(event)
 
     return StreamingResponse(body(), media_type=media_type, headers=_STREAM_HEADERS)

@@ -27,7 +27,7 @@ from taskfleet.api.config_stream import (
 )
 from taskfleet.api.config_submit import submit_config
 from taskfleet.api.database import Database, fetch_all, fetch_one
-from taskfleet.api.deps import get_database, get_settings
+from taskfleet.api.deps import get_database, get_settings, get_state
 from taskfleet.api.errors import ApiError, error_item
 from taskfleet.api.negotiation import JSON, JSONL, NDJSON, SSE, negotiate, not_acceptable
 from taskfleet.api.routing import read_body
@@ -123,7 +123,7 @@ async def _change_config(
             headers={"Location": request_location(submitted.request_id)},
         )
     first = enqueued_event(submitted.request_id, submitted.task_id, submitted.deduplicated)
-    return await respond(request, database, media_type, first, timeout)
+    return await respond(request, database, media_type, first, timeout, get_state(request).shutdown)
 
 
 #: The body as documented in the OpenAPI schema; it is read and validated by
@@ -171,7 +171,10 @@ _CHANGE_RESPONSES: dict[int | str, dict[str, Any]] = {
 _COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "No valid bearer token."},
     403: {"description": "The token's role is not admin."},
-    503: {"description": "The database is unavailable."},
+    503: {
+        "description": "The database is unavailable, or (a blocking request) the API is "
+        "shutting down: retry after Retry-After, or follow the Location."
+    },
 }
 _CHANGE_RESPONSES.update(_COMMON_RESPONSES)
 
@@ -333,7 +336,9 @@ async def get_runtime_config_request(
         if media_type is None:
             raise not_acceptable()
         first = enqueued_event(request_id, task_id, deduplicated=True)
-        return await respond(request, database, media_type, first, timeout)
+        return await respond(
+            request, database, media_type, first, timeout, get_state(request).shutdown
+        )
     final = final_event(snapshot)
     document: dict[str, Any] = {
         "request_id": request_id,

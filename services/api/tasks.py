@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskfleet.api.auth import require_role
 from taskfleet.api.database import Database, Row, fetch_all, fetch_one
-from taskfleet.api.deps import get_database, get_metrics, get_registry
+from taskfleet.api.deps import get_database, get_metrics, get_registry, get_shutdown
 from taskfleet.api.errors import ApiError, Loc, error_item, pydantic_errors
 from taskfleet.api.routing import guarded_route
 from taskfleet.api.schemas import (
@@ -34,6 +34,7 @@ from taskfleet.api.schemas import (
     TaskPage,
     WaitedTask,
 )
+from taskfleet.api.shutdown import Shutdown
 from taskfleet.shared import protocol
 from taskfleet.shared import queries as q
 from taskfleet.shared.metrics import ApiMetrics
@@ -399,12 +400,14 @@ async def cancel_task(
     response_model=WaitedTask,
     dependencies=[SUBMIT],
     responses={404: {"model": ErrorMessage}, **_ERRORS},
-    summary="Wait until a task is finished or the timeout passes",
+    summary="Wait until a task is finished or the timeout passes (or the server stops: then "
+    "the task as it is, finished false)",
 )
 async def wait_task(
     id: TaskId,
     request: Request,
     database: Annotated[Database, Depends(get_database)],
+    shutdown: Annotated[Shutdown, Depends(get_shutdown)],
     timeout: Annotated[
         float, Query(ge=0, le=WAIT_MAX_TIMEOUT, allow_inf_nan=False, description="Seconds.")
     ] = 30.0,
@@ -419,7 +422,8 @@ async def wait_task(
             raise _not_found(id)
         finished = row["status"] in FINISHED_STATUSES
         remaining = deadline - loop.time()
-        if finished or remaining <= 0 or await request.is_disconnected():
+        if finished or remaining <= 0 or shutdown.started or await request.is_disconnected():
+            # At shutdown: the task as it is now (finished false), not a cut-off connection.
             return {**task_out(row), "finished": finished}
-        await asyncio.sleep(min(interval, remaining))
+        await shutdown.sleep(min(interval, remaining))
         interval = min(interval * 2, WAIT_MAX_POLL)
