@@ -22,6 +22,7 @@ from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, Lane
 from taskfleet.shared.registry import PermanentError, TaskRegistry
 from taskfleet.shared.schema import TaskStatus
 from taskfleet.shared.storable import cap_text, escape_text, json_problem
+from taskfleet.worker.database import first_line
 from taskfleet.worker.invocation import AttemptTimeout, HandlerRunner
 from taskfleet.worker.isolation import ChildFailed
 from taskfleet.worker.outcomes import RELEASED, Outcome, OutcomeWriter
@@ -246,11 +247,70 @@ class Executor:
         definition = self._registry.get(running.type)
         policy = (definition.backoff if definition else None) or self._backoff
         if not permanent and running.attempts < running.max_attempts:
-            return Outcome(
+            outcome = Outcome(
                 running.id,
                 running.attempts,
                 TaskStatus.PENDING.value,
                 error=message,
                 retry_in=policy.delay(running.attempts),
             )
-        return Outcome(running.id, running.attempts, TaskStatus.FAILED.value, error=message)
+        else:
+            outcome = Outcome(running.id, running.attempts, TaskStatus.FAILED.value, error=message)
+        self._log_failure(running, exc, outcome, permanent=permanent)
+        return outcome
+
+    def _log_failure(
+        self, running: Running, exc: BaseException, outcome: Outcome, *, permanent: bool
+    ) -> None:
+        """Every failed attempt at WARNING (a retry follows) or ERROR (the task failed for
+        good), one line with the error's first line; the full text at DEBUG. The fields go as
+        ``extra`` too, for structured (JSON) logs."""
+        retried = outcome.status == TaskStatus.PENDING.value
+        if isinstance(exc, ChildFailed):
+            error = _last_line(str(exc))  # "SomeError: its message", from the child
+        else:
+            error = f"{type(exc).__name__}: {first_line(exc)}"
+        fields = {
+            "task_id": running.id,
+            "task_type": running.type,
+            "attempt": running.attempts,
+            "max_attempts": running.max_attempts,
+            "worker_id": self._worker_id,
+            "outcome": "retried" if retried else "failed",
+            "error": escape_text(error),
+        }
+        if retried:
+            fields["retry_in_seconds"] = round(outcome.retry_in, 3)
+            log.warning(
+                "task %d (%s) attempt %d of %d failed: %s; retrying in %.2fs",
+                running.id,
+                running.type,
+                running.attempts,
+                running.max_attempts,
+                fields["error"],
+                outcome.retry_in,
+                extra=fields,
+            )
+        else:
+            if permanent:
+                why = "a permanent error"
+            else:
+                why = f"attempt {running.attempts} of {running.max_attempts}"
+            log.error(
+                "task %d (%s) failed for good (%s): %s",
+                running.id,
+                running.type,
+                why,
+                fields["error"],
+                extra=fields,
+            )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "task %d attempt %d: %s", running.id, running.attempts, outcome.error, extra=fields
+            )
+
+
+def _last_line(text: str) -> str:
+    """A formatted traceback's last line: the exception and its message."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text

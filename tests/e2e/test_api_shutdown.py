@@ -1,8 +1,8 @@
 """The API stopping (SIGTERM) with long requests open, a real process: a pending task wait
 answers with the task as it is, a config stream ends cleanly (its client re-attaches by request
 id), a blocking config request answers 503 with Retry-After; never a 500, never an ASGI
-traceback, and the process exits promptly. (Before, they hung until uvicorn's graceful timeout and were
-then cut off: a 500 and a traceback.)
+traceback, and the process exits promptly. (Before, they hung until uvicorn's graceful timeout
+and were then cut off: a 500 and a traceback.)
 """
 
 from __future__ import annotations
