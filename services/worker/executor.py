@@ -224,16 +224,19 @@ class Executor:
             raise PermanentError(
                 f"no handler for task type {running.type!r} on worker {self._worker_id}"
             )
-        running.context = make_context(
-            task_id=running.id,
-            type=running.type,
-            attempt=running.attempts,
-            max_attempts=running.max_attempts,
-            labels=running.labels,
-            worker_id=self._worker_id,
-            timeout=running.timeout,
-            now=datetime.now(UTC),
-        )
+        if definition.takes_context or definition.isolation is not None:
+            # Only for the handlers that read it: a context is two locks and a clock read,
+            # paid per attempt on the hot path.
+            running.context = make_context(
+                task_id=running.id,
+                type=running.type,
+                attempt=running.attempts,
+                max_attempts=running.max_attempts,
+                labels=running.labels,
+                worker_id=self._worker_id,
+                timeout=running.timeout,
+                now=datetime.now(UTC),
+            )
         return await self._handlers.call(definition, payload, running, running.context)
 
     def _failure(self, running: Running, exc: BaseException, *, permanent: bool) -> Outcome:

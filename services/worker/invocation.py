@@ -32,7 +32,11 @@ class HandlerRunner:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="taskfleet-handler")
 
     async def call(
-        self, definition: TaskDefinition, payload: Any, running: Running, context: TaskContext
+        self,
+        definition: TaskDefinition,
+        payload: Any,
+        running: Running,
+        context: TaskContext | None,
     ) -> Any:
         """Run the handler once; its result. Raises what the handler raised, PermanentError for
         a payload its model refuses, or AttemptTimeout."""
@@ -42,11 +46,14 @@ class HandlerRunner:
             raise PermanentError(f"invalid payload: {exc}") from exc
         timeout = running.timeout
         if definition.isolation == "process":
+            assert context is not None
             try:
                 return await run_in_child(definition, payload, context, timeout)
             except TimeoutError:
                 raise AttemptTimeout(_timed_out(timeout)) from None
         args = (params, context) if definition.takes_context else (params,)
+        if timeout is None and definition.is_async:
+            return await definition.func(*args)  # the common case, without a timeout scope
         try:
             async with asyncio.timeout(timeout) as scope:
                 if definition.is_async:
@@ -57,7 +64,8 @@ class HandlerRunner:
                 return await asyncio.shield(running.thread)
         except TimeoutError:
             if scope.expired():
-                context.cancellation.set("timeout")
+                if context is not None:
+                    context.cancellation.set("timeout")
                 raise AttemptTimeout(_timed_out(timeout)) from None
             raise
 
