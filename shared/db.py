@@ -57,13 +57,23 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 
 async def connect(
-    url: str, *, application_name: str = "taskfleet", synchronous_commit: bool = True
+    url: str,
+    *,
+    application_name: str = "taskfleet",
+    synchronous_commit: bool = True,
+    statement_timeout: float | None = None,
 ) -> asyncpg.Connection:
     """One raw connection, no pool: the worker's hot paths must not pay the pool's reset
-    statements (``UNLISTEN *``, ``RESET ALL``, ... on every release)."""
+    statements (``UNLISTEN *``, ``RESET ALL``, ... on every release).
+
+    ``statement_timeout`` (seconds): the server ends any statement running longer, and with it
+    the locks it holds. A client-side timeout alone cannot: the server does not notice that a
+    client hung up while the statement waits for a lock."""
     server_settings = {"application_name": application_name}
     if not synchronous_commit:
         server_settings["synchronous_commit"] = "off"
+    if statement_timeout is not None:
+        server_settings["statement_timeout"] = str(max(1, round(statement_timeout * 1000)))
     conn = await asyncpg.connect(
         asyncpg_dsn(url),
         server_settings=server_settings,

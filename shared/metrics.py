@@ -164,6 +164,7 @@ class WorkerMetrics:
 class ApiMetrics:
     queue_depth: Gauge
     queue_oldest: Gauge
+    queue_unrunnable: Gauge
     workers_alive: Gauge
     config_latest_version: Gauge
     config_applied_workers: Gauge
@@ -183,6 +184,13 @@ class ApiMetrics:
                 "taskfleet_queue_oldest_ready_age_seconds",
                 "Age of the oldest pending task that is ready to run, by lane and group.",
                 ["lane", "group"],
+                registry=r,
+            ),
+            queue_unrunnable=Gauge(
+                "taskfleet_queue_unrunnable_tasks",
+                "Pending tasks no alive worker can run, by reason (unknown_type: no alive "
+                "worker has a handler for the type).",
+                ["reason"],
                 registry=r,
             ),
             workers_alive=Gauge(

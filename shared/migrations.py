@@ -69,6 +69,31 @@ def head_revision() -> str:
     return head
 
 
+def known_revisions() -> frozenset[str]:
+    """Every revision this code's migrations define."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(script_location())
+    return frozenset(rev.revision for rev in script.walk_revisions("base", "heads"))
+
+
+def schema_problem(found: list[str], *, head: str, known: frozenset[str]) -> str | None:
+    """Why a database whose ``alembic_version`` holds ``found`` cannot be used by this code
+    (which expects ``head``), in one line with what to do; None when it can."""
+    if found == [head]:
+        return None
+    if not found:
+        return f"the schema is not migrated (expected revision {head}): run taskfleet migrate"
+    shown = ", ".join(found)
+    unknown = [r for r in found if r not in known]
+    if unknown:
+        return (
+            f"the schema is at revision {shown}, which this code does not know (a newer "
+            f"taskfleet migrated it; this code expects {head}): upgrade this process"
+        )
+    return f"the schema is at revision {shown}, this code expects {head}: run taskfleet migrate"
+
+
 def upgrade(database_url: str, revision: str = "head") -> UpgradeResult:
     """``alembic upgrade`` under the advisory lock. Blocking; runs its own event loop.
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from taskfleet.shared.queries import TASK_READY_CHANNEL
+from taskfleet.shared.storable import text_problem
 
 CONFIG_CHANNEL = "anclax_worker_runtime_config"
 CONFIG_ACK_CHANNEL = "anclax_worker_runtime_config_ack"
@@ -111,6 +112,9 @@ def parse(channel: str, payload: str) -> Message:
     request_id = params.get("request_id")
     if not isinstance(request_id, str):
         return Malformed(channel, payload[:200], "params.request_id must be a string")
+    if text_problem(request_id) is not None:
+        # No such id can exist: Postgres cannot store it (a JSON escape of NUL or a surrogate).
+        return Malformed(channel, payload[:200], "params.request_id is not storable text")
     if channel == CONFIG_CHANNEL:
         version = _positive_int(params.get("version"))
         if doc.get("op") != "up_config" or version is None:
@@ -120,4 +124,6 @@ def parse(channel: str, payload: str) -> Message:
     worker_id = params.get("worker_id")
     if doc.get("op") != "ack" or applied is None or not isinstance(worker_id, str):
         return Malformed(channel, payload[:200], "expected op ack with worker_id, applied_version")
+    if text_problem(worker_id) is not None:
+        return Malformed(channel, payload[:200], "params.worker_id is not storable text")
     return ConfigAck(request_id, worker_id, applied)

@@ -17,6 +17,8 @@ from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_
 
 # Session-independent advisory lock key of the lease sweep (any worker may sweep, one at a time).
 SWEEP_LOCK_KEY = 7_243_118_002
+# Advisory lock key serialising the writes of runtime-config versions.
+CONFIG_WRITE_LOCK_KEY = 7_243_118_003
 
 TASK_READY_CHANNEL = "taskfleet_task_ready"
 
@@ -118,7 +120,9 @@ task_insert_batch = _query(
                input.timeout, input.unique_key,
                taskfleet.task_group_key(input.label_array, grouping_now.labels)
         FROM input CROSS JOIN grouping_now
-        ORDER BY input.ord
+        -- Inserted in unique_key order, whatever the submission order: concurrent batches
+        -- that share keys wait on each other's keys in one order, never in a cycle.
+        ORDER BY input.unique_key, input.ord
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
         DO NOTHING
         RETURNING {_TASK_COLUMNS}
@@ -170,7 +174,8 @@ _CANCEL_SET = """
                           ELSE t.last_error END,
         cancel_requested = true
 """
-_CANCELLABLE = "t.status IN ('pending', 'running')"
+# Never the runtime-config update: a newer config supersedes it instead (the route answers 409).
+_CANCELLABLE = f"t.status IN ('pending', 'running') AND t.type <> '{RUNTIME_CONFIG_TASK_TYPE}'"
 
 task_cancel = _query(
     "task_cancel",
@@ -296,16 +301,36 @@ task_queue_stats = _query(
     "task_queue_stats",
     f"""
     -- Pending depth and oldest ready age per lane and normal-lane group (metrics, at scrape).
+    -- A task has been ready since the later of its submission and its run_after: a run_at in
+    -- the past does not make a task submitted now look old.
     SELECT lane, grp, count(*) AS depth,
-           CAST(COALESCE(EXTRACT(EPOCH FROM now() - min(run_after)
+           CAST(COALESCE(EXTRACT(EPOCH FROM now() - min(GREATEST(created_at, run_after))
                                  FILTER (WHERE run_after <= now())), 0) AS float8)
                AS oldest_ready_seconds
     FROM (
-        SELECT {_LANE_OF_TASK} AS lane, {_GROUP_OF_TASK} AS grp, t.run_after
+        SELECT {_LANE_OF_TASK} AS lane, {_GROUP_OF_TASK} AS grp, t.run_after, t.created_at
         FROM taskfleet.tasks t
         WHERE t.status = 'pending'
     ) pending
     GROUP BY lane, grp
+    """,
+)
+
+task_unrunnable_counts = _query(
+    "task_unrunnable_counts",
+    f"""
+    -- Pending tasks no alive worker can run, by reason (metrics, at scrape). unknown_type: no
+    -- alive worker has a handler for the type (the control task excepted: all have one).
+    WITH known AS (
+        SELECT COALESCE(array_agg(DISTINCT k), ARRAY[]::text[]) AS types
+        FROM taskfleet.workers w, unnest(w.task_types) AS k
+        WHERE {_ALIVE}
+    )
+    SELECT 'unknown_type' AS reason, count(t.id) AS tasks
+    FROM known LEFT JOIN taskfleet.tasks t
+      ON t.status = 'pending' AND t.priority < {CONTROL_PRIORITY}
+     AND NOT (t.type = ANY(known.types))
+    GROUP BY 1
     """,
 )
 
@@ -420,24 +445,32 @@ task_stats_finished = _query(
 # --------------------------------------------------------------------------------------------
 
 # The outcome columns of a finished attempt; shared by task_finish_batch and task_claim (which
-# writes the outcomes gathered since the previous claim in the same round trip).
-_FINISH_SET = """
-    SET status = d.status,
+# writes the outcomes gathered since the previous claim in the same round trip). A retry of a
+# task whose cancel was requested ends it cancelled instead: a cancel is never lost to a retry.
+_RETRY_CANCELLED = "(d.status = 'pending' AND t.cancel_requested)"
+_FINAL_STATUS = f"(CASE WHEN {_RETRY_CANCELLED} THEN 'cancelled' ELSE d.status END)"
+_FINISH_SET = f"""
+    SET status = {_FINAL_STATUS},
         result = CAST(d.result AS jsonb),
-        last_error = d.error,
-        finished_at = CASE WHEN d.status = 'pending' THEN NULL ELSE now() END,
-        run_after = CASE WHEN d.status = 'pending'
+        last_error = CASE WHEN {_RETRY_CANCELLED}
+                          THEN 'cancelled: requested while attempt ' || t.attempts
+                               || ' ran, which then failed: ' || COALESCE(d.error, '?')
+                          ELSE d.error END,
+        finished_at = CASE WHEN {_FINAL_STATUS} = 'pending' THEN NULL ELSE now() END,
+        run_after = CASE WHEN {_FINAL_STATUS} = 'pending'
                          THEN now() + make_interval(secs => d.retry_in) ELSE t.run_after END,
-        worker_id = CASE WHEN d.status = 'pending' THEN NULL ELSE t.worker_id END,
+        worker_id = CASE WHEN {_FINAL_STATUS} = 'pending' THEN NULL ELSE t.worker_id END,
         lease_expires_at = NULL
-    FROM unnest(CAST(:fin_ids AS bigint[]), CAST(:fin_statuses AS text[]),
-                CAST(:fin_results AS text[]), CAST(:fin_errors AS text[]),
-                CAST(:fin_retry_in AS float8[]))
-         AS d(id, status, result, error, retry_in)
-    -- Guarded by (worker_id, status = 'running'): a worker that lost its lease changes nothing.
+    FROM unnest(CAST(:fin_ids AS bigint[]), CAST(:fin_attempts AS int[]),
+                CAST(:fin_statuses AS text[]), CAST(:fin_results AS text[]),
+                CAST(:fin_errors AS text[]), CAST(:fin_retry_in AS float8[]))
+         AS d(id, attempt, status, result, error, retry_in)
+    -- Fenced by (worker_id, status = 'running', attempts = the attempt that ran): a worker that
+    -- lost its lease, or runs a later attempt of the same task, changes nothing with this one.
     -- id = ANY(...) gives the planner an index condition on the key.
     WHERE t.id = d.id AND t.id = ANY(CAST(:fin_ids AS bigint[]))
       AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
+      AND t.attempts = d.attempt
 """
 
 
@@ -456,15 +489,18 @@ task_claim = _query(
     control AS (
         SELECT t.id FROM taskfleet.tasks t
         WHERE t.status = 'pending' AND t.priority = {CONTROL_PRIORITY} AND t.run_after <= now()
+          AND t.type = ANY(CAST(:types AS text[]))
         ORDER BY t.priority DESC, t.created_at, t.id
         LIMIT CAST(:control_limit AS int)
         FOR UPDATE SKIP LOCKED
     ),
     -- Strict lane: priority > 0, up to the free strict slots (cap minus strict in flight).
+    -- Every lane takes only the types this worker has handlers for (:types): a type it does
+    -- not know stays pending for a worker that does (a rolling deploy's new types).
     strict AS (
         SELECT t.id FROM taskfleet.tasks t
         WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
-          AND t.run_after <= now()
+          AND t.run_after <= now() AND t.type = ANY(CAST(:types AS text[]))
         ORDER BY t.priority DESC, t.created_at, t.id
         LIMIT CAST(:strict_limit AS int)
         FOR UPDATE SKIP LOCKED
@@ -484,7 +520,7 @@ task_claim = _query(
         CROSS JOIN LATERAL (
             SELECT t.id FROM taskfleet.tasks t
             WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = quota.grp
-              AND t.run_after <= now()
+              AND t.run_after <= now() AND t.type = ANY(CAST(:types AS text[]))
             ORDER BY t.weight DESC, t.created_at, t.id
             LIMIT quota.n
             FOR UPDATE OF t SKIP LOCKED
@@ -505,7 +541,7 @@ task_claim = _query(
         WHERE CASE WHEN s.got < s.n THEN (
             SELECT t.id FROM taskfleet.tasks t
             WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = s.grp
-              AND t.run_after <= now()
+              AND t.run_after <= now() AND t.type = ANY(CAST(:types AS text[]))
               AND t.id <> ALL(ARRAY(SELECT normal.id FROM normal WHERE normal.grp = s.grp))
             ORDER BY t.weight DESC, t.created_at, t.id
             LIMIT 1
@@ -522,6 +558,7 @@ task_claim = _query(
                    SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority > 0
                      AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
+                     AND t.type = ANY(CAST(:types AS text[]))
                      AND t.id <> ALL(ARRAY(SELECT id FROM strict))
                    ORDER BY t.priority DESC, t.created_at, t.id
                    LIMIT 1
@@ -540,6 +577,7 @@ task_claim = _query(
                CAST(:probe_normal AS boolean) AND (
                    SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
+                     AND t.type = ANY(CAST(:types AS text[]))
                    ORDER BY t.group_key, t.weight DESC, t.created_at, t.id
                    LIMIT 1
                ) IS NOT NULL AS normal_waiting
@@ -585,14 +623,24 @@ task_finish_batch = _query(
 task_release = _query(
     "task_release",
     f"""
-    -- Graceful shutdown: give unfinished tasks back (the interrupted attempt is not counted).
+    -- Graceful shutdown: give unfinished tasks back (the interrupted attempt is not counted),
+    -- except those whose cancel was requested: they end cancelled. Fenced like a finish.
     WITH released AS (
         UPDATE taskfleet.tasks t
-        SET status = 'pending', worker_id = NULL, lease_expires_at = NULL, run_after = now(),
-            attempts = GREATEST(t.attempts - 1, 0),
-            last_error = CAST(:reason AS text)
-        WHERE t.id = ANY(CAST(:ids AS bigint[])) AND t.worker_id = CAST(:worker_id AS text)
-          AND t.status = 'running'
+        SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+            worker_id = CASE WHEN t.cancel_requested THEN t.worker_id END,
+            finished_at = CASE WHEN t.cancel_requested THEN now() END,
+            lease_expires_at = NULL, run_after = now(),
+            attempts = CASE WHEN t.cancel_requested THEN t.attempts
+                            ELSE GREATEST(t.attempts - 1, 0) END,
+            last_error = CASE WHEN t.cancel_requested
+                              THEN 'cancelled: requested while attempt ' || t.attempts
+                                   || ' ran; the worker shut down before it ended'
+                              ELSE CAST(:reason AS text) END
+        FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS int[])) AS r(id, attempt)
+        WHERE t.id = r.id AND t.id = ANY(CAST(:ids AS bigint[]))
+          AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
+          AND t.attempts = r.attempt
         RETURNING t.id
     )
     SELECT released.id FROM released
@@ -623,18 +671,34 @@ worker_register = _query(
     """
     INSERT INTO taskfleet.workers AS w
         (id, hostname, pid, concurrency, status, started_at, last_heartbeat, heartbeat_interval,
-         applied_config_version, metrics_port)
+         applied_config_version, metrics_port, task_types)
     VALUES (CAST(:id AS text), CAST(:hostname AS text), CAST(:pid AS int),
             CAST(:concurrency AS int), 'online', now(), now(),
             CAST(:heartbeat_interval AS float8), CAST(:applied_config_version AS bigint),
-            CAST(:metrics_port AS int))
+            CAST(:metrics_port AS int), CAST(:task_types AS text[]))
     ON CONFLICT (id) DO UPDATE SET
         hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, concurrency = EXCLUDED.concurrency,
         status = 'online', started_at = now(), last_heartbeat = now(),
         heartbeat_interval = EXCLUDED.heartbeat_interval,
         applied_config_version = GREATEST(w.applied_config_version,
                                           EXCLUDED.applied_config_version),
-        metrics_port = EXCLUDED.metrics_port, inflight = 0, strict_inflight = 0
+        metrics_port = EXCLUDED.metrics_port, inflight = 0, strict_inflight = 0,
+        task_types = EXCLUDED.task_types
+    -- Not over a live row of another process (a second worker with the same id): then nothing
+    -- is returned, and the caller refuses to start. A dead process's row is taken over.
+    WHERE NOT (w.status IN ('online', 'draining')
+               AND w.last_heartbeat > now() - 3 * w.heartbeat_interval * interval '1 second'
+               AND (w.hostname, w.pid) <> (EXCLUDED.hostname, EXCLUDED.pid))
+    RETURNING w.id
+    """,
+)
+
+worker_get = _query(
+    "worker_get",
+    """
+    SELECT w.id, w.hostname, w.pid, w.status, w.last_heartbeat, w.heartbeat_interval,
+           CAST(EXTRACT(EPOCH FROM now() - w.last_heartbeat) AS float8) AS heartbeat_age
+    FROM taskfleet.workers w WHERE w.id = CAST(:id AS text)
     """,
 )
 
@@ -647,20 +711,34 @@ worker_tick = _query(
         UPDATE taskfleet.workers w
         SET last_heartbeat = now(), inflight = CAST(:inflight AS int),
             strict_inflight = CAST(:strict_inflight AS int),
-            -- Re-asserted every beat: a lost write of the applied version heals itself.
+            -- Re-asserted every beat: a lost write of the applied version heals itself, and so
+            -- does a row someone else marked offline while this process runs.
+            status = CAST(:status AS text),
             applied_config_version = GREATEST(w.applied_config_version,
                                               CAST(:applied_version AS bigint))
-        WHERE w.id = CAST(:worker_id AS text)
+        -- Only its own row: a row another process took over (same id) is not this one's.
+        WHERE w.id = CAST(:worker_id AS text) AND w.hostname = CAST(:hostname AS text)
+          AND w.pid = CAST(:pid AS int)
         RETURNING w.id
     ),
     -- ... and the leases of all the tasks it holds, in the same statement. Only those it
     -- names: a row left running under this id by an earlier process (a crash, a lost claim
     -- reply) must expire and be rescued, not be kept alive forever.
+    -- Fenced by attempt; a row locked by someone else right now (a finish of ours in flight,
+    -- a cancel) is skipped, not waited for: the heartbeat never queues behind a row lock.
+    held AS (
+        SELECT t.id FROM taskfleet.tasks t
+        JOIN unnest(CAST(:held AS bigint[]), CAST(:held_attempts AS int[])) AS h(id, attempt)
+          ON t.id = h.id AND t.attempts = h.attempt
+        WHERE t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
+          AND t.id = ANY(CAST(:held AS bigint[]))
+        FOR UPDATE OF t SKIP LOCKED
+    ),
     leases AS (
         UPDATE taskfleet.tasks t
         SET lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
-        WHERE t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
-          AND t.id = ANY(CAST(:held AS bigint[]))
+        FROM held
+        WHERE t.id = held.id
         RETURNING t.id, t.cancel_requested
     ),
     -- The sweep, when due, by one worker at a time (try-lock: a busy lock means someone sweeps).
@@ -674,15 +752,21 @@ worker_tick = _query(
           AND NOT (t.worker_id = CAST(:worker_id AS text) AND t.id = ANY(CAST(:held AS bigint[])))
         FOR UPDATE OF t SKIP LOCKED
     ),
-    -- Expired leases: back to pending (the attempt stays counted), or failed when exhausted.
+    -- Expired leases: back to pending (the attempt stays counted), or failed when exhausted,
+    -- or cancelled when a cancel was requested (never pending again: it would be run again).
     rescued AS (
         UPDATE taskfleet.tasks t
-        SET status = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' END,
-            finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
-            last_error = 'lease expired: worker ' || COALESCE(t.worker_id, '?')
+        SET status = CASE WHEN t.cancel_requested THEN 'cancelled'
+                          WHEN t.attempts >= t.max_attempts THEN 'failed'
+                          ELSE 'pending' END,
+            finished_at = CASE WHEN t.cancel_requested OR t.attempts >= t.max_attempts
+                               THEN now() END,
+            last_error = CASE WHEN t.cancel_requested THEN 'cancelled as requested; ' ELSE '' END
+                         || 'lease expired: worker ' || COALESCE(t.worker_id, '?')
                          || ' stopped heartbeating during attempt ' || t.attempts
                          || ' of ' || t.max_attempts,
-            worker_id = CASE WHEN t.attempts >= t.max_attempts THEN t.worker_id END,
+            worker_id = CASE WHEN t.cancel_requested OR t.attempts >= t.max_attempts
+                             THEN t.worker_id END,
             lease_expires_at = NULL,
             run_after = now()
         FROM expired
@@ -710,6 +794,10 @@ worker_tick = _query(
     UNION ALL SELECT 'wake', NULL, pg_notify('taskfleet_task_ready', '')::text
         FROM (SELECT 1 FROM rescued WHERE rescued.status = 'pending' LIMIT 1) AS any_rescued
     UNION ALL SELECT 'regroup', regroup.moved, regroup.state FROM regroup
+    -- The schema's revision: a worker claims nothing on a schema it was not written for.
+    UNION ALL SELECT 'schema', NULL,
+        (SELECT string_agg(v.version_num, ',' ORDER BY v.version_num)
+         FROM taskfleet.alembic_version v)
     """,
 )
 
@@ -729,7 +817,7 @@ worker_list = _query(
     f"""
     SELECT w.id, w.hostname, w.pid, w.concurrency, w.status, w.started_at, w.last_heartbeat,
            w.heartbeat_interval, w.applied_config_version, w.inflight, w.strict_inflight,
-           w.metrics_port, {_ALIVE} AS alive
+           w.metrics_port, w.task_types, {_ALIVE} AS alive
     FROM taskfleet.workers w
     ORDER BY {_ALIVE} DESC, w.started_at DESC, w.id
     LIMIT CAST(:limit AS int)
@@ -774,6 +862,15 @@ runtime_config_by_request = _query(
     SELECT c.version, c.request_id, c.payload, c.created_at
     FROM taskfleet.worker_runtime_configs c
     WHERE c.request_id = CAST(:request_id AS text)
+    """,
+)
+
+runtime_config_write_lock = _query(
+    "runtime_config_write_lock",
+    """
+    -- Held by the update task from reading the latest version to inserting the next: writes of
+    -- versions are serialised, so a PATCH always merges into the version it replaces.
+    SELECT pg_advisory_xact_lock(CAST(:lock_key AS bigint))
     """,
 )
 

@@ -1,8 +1,9 @@
 """Task handlers: the ``@task`` decorator, the registry both services load, the demo handlers.
 
-A handler is a function (async, or sync to be run in a thread) taking one argument, an instance
-of its pydantic parameter model, and returning something JSON-serialisable (stored as the task's
-``result``). The API validates submitted payloads against the same model.
+A handler is a function (async, or sync to be run in one of the worker's threads) taking an
+instance of its pydantic parameter model, and optionally a second argument, its
+:class:`~taskfleet.shared.context.TaskContext`; it returns something JSON-serialisable (stored as
+the task's ``result``). The API validates submitted payloads against the same model.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import sysconfig
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -22,8 +23,11 @@ from taskfleet.shared.errors import ConfigurationError
 from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
 
-Handler = Callable[[Any], Any] | Callable[[Any], Awaitable[Any]]
+Handler = Callable[..., Any] | Callable[..., Awaitable[Any]]
 F = TypeVar("F", bound=Callable[..., Any])
+#: Where an attempt runs: None is the worker's own process (async handlers on its event loop,
+#: sync ones in its thread pool); "process" a child process of its own, killed at the timeout.
+Isolation = Literal["process"] | None
 
 
 class PermanentError(Exception):
@@ -44,6 +48,9 @@ class TaskDefinition:
     is_async: bool
     backoff: BackoffPolicy | None
     internal: bool = False
+    #: The handler takes a second argument, its TaskContext.
+    takes_context: bool = False
+    isolation: Isolation = None
 
     def validate(self, payload: Any) -> BaseModel:
         return self.params.model_validate(payload)
@@ -62,20 +69,33 @@ class TaskRegistry:
         params: type[BaseModel],
         backoff: BackoffPolicy | None = None,
         internal: bool = False,
+        isolation: Isolation = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of task type ``name``.
 
         ``params``: the pydantic model the payload must satisfy. ``backoff``: retry backoff for
         this type (default: the worker's). ``internal``: not submittable over the API.
+        ``isolation="process"``: run each attempt in a child process of its own, killed at the
+        task's timeout or on cancel: the honest timeout for CPU-bound or hung code. The handler
+        must be importable by its module path (a module-level function), and its result and
+        payload travel as JSON.
         """
         if not name or len(name) > 200:
             raise ValueError("a task name must be 1-200 characters")
         if name == RUNTIME_CONFIG_TASK_TYPE and not internal:
             raise ValueError(f"{RUNTIME_CONFIG_TASK_TYPE} is reserved")
 
+        if isolation not in (None, "process"):
+            raise ValueError('isolation must be None or "process"')
+
         def register(func: F) -> F:
             if name in self._tasks and self._tasks[name].func is not func:
                 raise ValueError(f"task type {name!r} is registered twice")
+            if isolation == "process" and not _importable(func):
+                raise ValueError(
+                    f"task type {name!r}: a handler with isolation='process' must be a "
+                    "module-level function (the child process imports it by its module path)"
+                )
             self._tasks[name] = TaskDefinition(
                 name=name,
                 func=func,
@@ -83,6 +103,8 @@ class TaskRegistry:
                 is_async=inspect.iscoroutinefunction(func),
                 backoff=backoff,
                 internal=internal,
+                takes_context=_takes_context(name, func),
+                isolation=isolation,
             )
             return func
 
@@ -94,12 +116,36 @@ class TaskRegistry:
     def names(self) -> list[str]:
         return sorted(self._tasks)
 
+    def runnable_types(self) -> list[str]:
+        """The task types a worker with this registry runs (the internal ones excluded)."""
+        return [name for name, d in sorted(self._tasks.items()) if not d.internal]
+
     def merge(self, other: TaskRegistry) -> None:
         for definition in other._tasks.values():
             existing = self._tasks.get(definition.name)
             if existing is not None and existing.func is not definition.func:
                 raise ValueError(f"task type {definition.name!r} is registered twice")
             self._tasks[definition.name] = definition
+
+
+def _takes_context(name: str, func: Callable[..., Any]) -> bool:
+    """Whether ``func`` takes (params) or (params, context)."""
+    required = [
+        p
+        for p in inspect.signature(func).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(required) not in (1, 2):
+        raise ValueError(
+            f"task type {name!r}: a handler takes its parameters, and optionally its "
+            f"TaskContext (it has {len(required)} required positional parameters)"
+        )
+    return len(required) == 2
+
+
+def _importable(func: Callable[..., Any]) -> bool:
+    qualname = getattr(func, "__qualname__", "")
+    return bool(getattr(func, "__module__", None)) and qualname.isidentifier()
 
 
 #: The registry user modules register into with ``@task(...)``.

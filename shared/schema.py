@@ -81,6 +81,10 @@ tasks = Table(
     CheckConstraint("weight >= 1", name="tasks_weight_positive"),
     CheckConstraint("max_attempts >= 1", name="tasks_max_attempts_positive"),
     CheckConstraint("timeout IS NULL OR timeout > 0", name="tasks_timeout_positive"),
+    # A cancel request ends the task at its next transition: it is never queued again.
+    CheckConstraint(
+        "NOT (status = 'pending' AND cancel_requested)", name="tasks_cancel_never_pending"
+    ),
     # Claim paths: one partial index per lane, in exactly the lane's claim order, so a claim is an
     # index scan over pending rows only, however many finished rows the table holds.
     Index(
@@ -155,6 +159,8 @@ workers = Table(
     Column("inflight", Integer, nullable=False, server_default=text("0")),
     Column("strict_inflight", Integer, nullable=False, server_default=text("0")),
     Column("metrics_port", Integer, nullable=True),
+    # The task types it has handlers for: it claims only those.
+    Column("task_types", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     CheckConstraint(_in("status", WorkerStatus), name="workers_status_valid"),
 )
 

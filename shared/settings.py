@@ -103,6 +103,12 @@ class WorkerSettings(CommonSettings):
         "claims and finishes: those tasks run again (at-least-once), none is lost. Task "
         "submission and config versions are always synchronous.",
     )
+    runtime_config_deadline: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a runtime-config update task follows its version before it ends "
+        "with a timeout naming the lagging workers and frees the control slot (default 300 s).",
+    )
     retry_base: float = Field(default=1.0, gt=0, description="Retry backoff base (default 1 s).")
     retry_cap: float = Field(default=300.0, gt=0, description="Retry backoff cap (default 300 s).")
 

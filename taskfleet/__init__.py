@@ -7,14 +7,14 @@ releases (``taskfleet.shared``, ``taskfleet.api``, ``taskfleet.worker``, ``taskf
 
 Write a handler::
 
-    from taskfleet import PermanentError, TaskParams, task
+    from taskfleet import PermanentError, TaskContext, TaskParams, task
 
     class SendEmail(TaskParams):
         to: str
 
     @task("email.send", params=SendEmail)
-    async def send_email(params: SendEmail) -> dict:
-        ...
+    async def send_email(params: SendEmail, ctx: TaskContext) -> dict:
+        ...  # ctx: task id, attempt, deadline, cancellation (the second argument is optional)
 
 Submit over HTTP with :class:`Client` / :class:`AsyncClient`, or inside your own database
 transaction with :func:`enqueue` (asyncpg, SQLAlchemy async) and :func:`enqueue_sync`
@@ -29,6 +29,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _distribution_version
 from typing import TYPE_CHECKING, Any
 
+from taskfleet.shared.context import TaskContext
 from taskfleet.shared.registry import PermanentError, TaskParams, task
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "Task",
+    "TaskContext",
     "TaskParams",
     "TaskStatus",
     "Unauthorized",

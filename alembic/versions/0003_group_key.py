@@ -1,7 +1,7 @@
 """Store each task's normal-lane group, so a group's claim is an index range of exactly its rows.
 
 Revision ID: 0003_group_key
-Revises: 0001
+Revises: 0002_worker_types
 Create Date: 2026-12-01
 
 - ``task_groupings``: the configured label sets, one row per change of the *set* (weights alone
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0003_group_key"
-down_revision: str | None = "0001"
+down_revision: str | None = "0002_worker_types"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

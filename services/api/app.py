@@ -54,9 +54,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         state.database = Database.create(settings.database_url, pool_size=settings.db_pool_size)
+        state.shutdown.bind()
         try:
             yield
         finally:
+            state.shutdown.begin()
             database, state.database = state.database, None
             await database.dispose()
 

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from taskfleet.api.auth import Authenticator
 from taskfleet.api.database import Database
+from taskfleet.api.shutdown import Shutdown
 from taskfleet.shared.metrics import ApiMetrics
 from taskfleet.shared.registry import TaskRegistry
 from taskfleet.shared.settings import ApiSettings
@@ -30,6 +31,8 @@ class ApiState:
     metrics: ApiMetrics
     head_revision: str
     database: Database | None = field(default=None)
+    #: Set when the server begins to stop: long requests answer at once.
+    shutdown: Shutdown = field(default_factory=Shutdown)
 
 
 def get_state(request: Request) -> ApiState:
@@ -68,3 +71,7 @@ async def get_registry(request: Request) -> TaskRegistry:
 
 async def get_metrics(request: Request) -> ApiMetrics:
     return get_state(request).metrics
+
+
+async def get_shutdown(request: Request) -> Shutdown:
+    return get_state(request).shutdown

@@ -62,6 +62,7 @@ class QueueGauges:
             configured = _configured_labels(latest["payload"] if latest else {})
             alive = await fetch_all(conn, q.runtime_config_alive_applied)
             stats = await fetch_all(conn, q.task_queue_stats)
+            unrunnable = await fetch_all(conn, q.task_unrunnable_counts)
         latest_version = int(latest["version"]) if latest else 0
         self._clear()
         # Every lane and configured group gets a series, zero when empty: a dashboard shows 0,
@@ -77,6 +78,8 @@ class QueueGauges:
             self.metrics.queue_oldest.labels(lane=row["lane"], group=group).set(
                 row["oldest_ready_seconds"]
             )
+        for row in unrunnable:
+            self.metrics.queue_unrunnable.labels(reason=row["reason"]).set(row["tasks"])
         self.metrics.workers_alive.set(len(alive))
         self.metrics.config_latest_version.set(latest_version)
         self.metrics.config_applied_workers.set(
@@ -86,6 +89,7 @@ class QueueGauges:
     def _clear(self) -> None:
         self.metrics.queue_depth.clear()
         self.metrics.queue_oldest.clear()
+        self.metrics.queue_unrunnable.clear()
 
     async def render(self, database: Database | None, registry: CollectorRegistry) -> bytes:
         async with self._lock:

@@ -1,71 +1,51 @@
-"""Runtime config endpoints (SPEC §6, §7): change the fleet's config and follow it converge.
+"""Runtime config routes (docs/reference.md#runtime-config): change the fleet's config and
+follow it converge.
 
 ``PUT /runtime-config`` validates the body, enqueues one control-lane ``updateWorkerRuntimeConfig``
-task (or attaches to the one already there for the same ``requestID``) and then reports what the
-database says: the version once the task has written it, the alive workers' applied versions as
-they move, and one final outcome. The API never talks to the workers, and keeps no state between
-polls, so any replica can serve a stream, and a client that lost one re-attaches with
-``GET /runtime-config/requests/{request_id}?watch=true``.
-
-Each poll borrows one pooled connection for a few short statements and gives it back; an open
-stream holds no connection while it waits.
+task (or attaches to the one already there for the same ``requestID``) and then streams what the
+database says (``config_stream.py``), in the form the ``Accept`` header asks for
+(``negotiation.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request, status
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from taskfleet.api.auth import require_role
-from taskfleet.api.database import Database, DatabaseUnavailable, Row, fetch_all, fetch_one
-from taskfleet.api.deps import get_database, get_settings
+from taskfleet.api.config_stream import (
+    enqueued_event,
+    final_event,
+    read_snapshot,
+    request_location,
+    respond,
+)
+from taskfleet.api.config_submit import submit_config
+from taskfleet.api.database import Database, fetch_all, fetch_one
+from taskfleet.api.deps import get_database, get_settings, get_state
 from taskfleet.api.errors import ApiError, error_item
+from taskfleet.api.negotiation import JSON, JSONL, NDJSON, SSE, negotiate, not_acceptable
 from taskfleet.api.routing import read_body
-from taskfleet.shared import db, protocol, queries
-from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
+from taskfleet.shared import queries
 from taskfleet.shared.policy.runtime_config import (
     RuntimeConfig,
     RuntimeConfigError,
     config_from_payload,
     normalise_runtime_config,
+    patch_payload,
 )
 from taskfleet.shared.settings import ApiSettings
+from taskfleet.shared.storable import text_problem
 
-log = logging.getLogger("taskfleet.api.runtime_config")
-
-#: Attempts of the update task: it only fails on a database error, and a retry is idempotent.
-UPDATE_TASK_MAX_ATTEMPTS = 10
 #: A config body is small: at most 1000 labels of at most 128 characters, plus a few fields.
 MAX_BODY_BYTES = 1 << 20
-#: Polling of the database while a stream waits: quick right after a change, backing off to the
-#: ceiling while nothing moves.
-POLL_MIN_SECONDS = 0.02
-POLL_MAX_SECONDS = 0.2
-POLL_GROWTH = 1.5
-#: A progress event goes out at least this often, changed or not (SPEC §7), so that clients and
-#: proxies can tell a quiet stream from a dead one.
-PROGRESS_HEARTBEAT_SECONDS = 15.0
 DEFAULT_TIMEOUT_SECONDS = 60.0
 MAX_TIMEOUT_SECONDS = 3600.0
-
-NDJSON = "application/x-ndjson"
-JSONL = "application/jsonl"
-SSE = "text/event-stream"
-JSON = "application/json"
-#: What a config request can answer with, in the server's order of preference.
-OFFERED = (NDJSON, JSONL, SSE, JSON)
-
-Event = dict[str, Any]
-FINAL_EVENTS = frozenset({"converged", "superseded", "timeout", "failed"})
 
 router = APIRouter(
     prefix="/runtime-config",
@@ -81,321 +61,6 @@ TimeoutParam = Query(
     description="Seconds to wait for the outcome (default 60, at most 3600). The config task "
     "goes on after a timeout.",
 )
-
-
-# --------------------------------------------------------------------------------------------
-# Content negotiation
-
-
-def _media_ranges(accept: str) -> list[tuple[str, str, float]]:
-    ranges: list[tuple[str, str, float]] = []
-    for part in accept.split(","):
-        fields = [f.strip() for f in part.split(";")]
-        media, _, subtype = fields[0].lower().partition("/")
-        if not media or not subtype:
-            continue
-        q = 1.0
-        for param in fields[1:]:
-            name, _, value = param.partition("=")
-            if name.strip().lower() == "q":
-                try:
-                    q = min(max(float(value), 0.0), 1.0)
-                except ValueError:
-                    q = 0.0
-        ranges.append((media, subtype, q))
-    return ranges
-
-
-def negotiate(accept: str | None) -> str | None:
-    """The offered media type the ``Accept`` header prefers, or None when it accepts none.
-
-    Each offer takes the quality of the most specific range that matches it; ties go to the
-    more specific match, then to the server's order (NDJSON first), so ``*/*`` means NDJSON.
-    """
-    if accept is None or not accept.strip():
-        return NDJSON
-    ranges = _media_ranges(accept)
-    best: tuple[float, int, int] | None = None
-    chosen: str | None = None
-    for order, offer in enumerate(OFFERED):
-        media, _, subtype = offer.partition("/")
-        match: tuple[int, float] | None = None
-        for r_media, r_subtype, q in ranges:
-            if r_media == media and r_subtype == subtype:
-                specificity = 2
-            elif r_media == media and r_subtype == "*":
-                specificity = 1
-            elif r_media == "*" and r_subtype == "*":
-                specificity = 0
-            else:
-                continue
-            if match is None or specificity > match[0]:
-                match = (specificity, q)
-        if match is None or match[1] <= 0:
-            continue
-        rank = (match[1], match[0], -order)
-        if best is None or rank > best:
-            best, chosen = rank, offer
-    return chosen
-
-
-def _not_acceptable() -> ApiError:
-    return ApiError(
-        status.HTTP_406_NOT_ACCEPTABLE,
-        [
-            error_item(
-                ("header", "accept"),
-                "must accept one of " + ", ".join(OFFERED) + " (or leave Accept out)",
-                "not_acceptable",
-            )
-        ],
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# What the database says about one request
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One poll's view of a config request: its task, its version and the alive fleet.
-
-    Before the version exists, ``lagging`` lists every alive worker (none has it yet).
-    """
-
-    task: Row | None
-    version: int | None
-    latest: int | None
-    alive_workers: int
-    applied_workers: int
-    lagging: tuple[str, ...]
-    seconds_since_insert: float | None
-
-
-async def read_snapshot(database: Database, request_id: str, version: int | None) -> Snapshot:
-    """Read the request's state, on one connection borrowed for this poll only."""
-    async with database.transaction() as conn:
-        task = await fetch_one(conn, queries.runtime_config_request_task, request_id=request_id)
-        if version is None:
-            row = await fetch_one(conn, queries.runtime_config_by_request, request_id=request_id)
-            version = int(row["version"]) if row is not None else None
-        if version is None:
-            alive = await fetch_all(conn, queries.runtime_config_alive_applied)
-            return Snapshot(
-                task=task,
-                version=None,
-                latest=None,
-                alive_workers=len(alive),
-                applied_workers=0,
-                lagging=tuple(str(w["id"]) for w in alive),
-                seconds_since_insert=None,
-            )
-        state = await fetch_one(conn, queries.runtime_config_convergence, version=version)
-    assert state is not None  # an aggregate always returns its one row
-    since = state["seconds_since_insert"]
-    return Snapshot(
-        task=task,
-        version=version,
-        latest=int(state["latest"]),
-        alive_workers=int(state["alive_workers"]),
-        applied_workers=int(state["applied_workers"]),
-        lagging=tuple(str(w) for w in state["lagging"]),
-        seconds_since_insert=float(since) if since is not None else None,
-    )
-
-
-def progress_event(snapshot: Snapshot) -> Event:
-    return {
-        "event": "progress",
-        "version": snapshot.version,
-        "alive_workers": snapshot.alive_workers,
-        "applied_workers": snapshot.applied_workers,
-        "lagging": list(snapshot.lagging),
-    }
-
-
-def _int_or(value: object, default: int | None) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def final_event(snapshot: Snapshot) -> Event | None:
-    """The request's outcome, when it has one.
-
-    The update task's result decides when the task has finished; while it runs, the database
-    may decide already, by the worker's own rule: a newer version means superseded (checked
-    first), no alive worker below the version means converged.
-    """
-    task = snapshot.task
-    if task is not None:
-        task_status = task["status"]
-        if task_status == "completed":
-            result = task["result"] if isinstance(task["result"], Mapping) else {}
-            version = _int_or(result.get("version"), snapshot.version)
-            outcome = result.get("outcome")
-            if outcome == "converged":
-                seconds = result.get("seconds")
-                if not isinstance(seconds, int | float) or isinstance(seconds, bool):
-                    seconds = snapshot.seconds_since_insert
-                return {"event": "converged", "version": version, "seconds": seconds}
-            if outcome == "superseded":
-                return {
-                    "event": "superseded",
-                    "version": version,
-                    "superseded_by": _int_or(result.get("superseded_by"), snapshot.latest),
-                }
-            return {
-                "event": "failed",
-                "error": f"update task {task['id']} completed with an unknown outcome {outcome!r}",
-            }
-        if task_status in ("failed", "cancelled"):
-            error = task["last_error"] or f"update task {task['id']} was {task_status}"
-            return {"event": "failed", "error": str(error)}
-    if snapshot.version is None or snapshot.latest is None:
-        return None
-    if snapshot.latest > snapshot.version:
-        return {
-            "event": "superseded",
-            "version": snapshot.version,
-            "superseded_by": snapshot.latest,
-        }
-    if not snapshot.lagging:
-        seconds = snapshot.seconds_since_insert
-        return {
-            "event": "converged",
-            "version": snapshot.version,
-            "seconds": round(seconds, 6) if seconds is not None else None,
-        }
-    return None
-
-
-def enqueued_event(request_id: str, task_id: int | None, deduplicated: bool) -> Event:
-    return {
-        "event": "enqueued",
-        "task_id": task_id,
-        "request_id": request_id,
-        "deduplicated": deduplicated,
-    }
-
-
-async def watch_request(
-    database: Database,
-    request_id: str,
-    first: Event,
-    *,
-    timeout: float,
-    gone: Callable[[], Awaitable[bool]] | None = None,
-) -> AsyncIterator[Event]:
-    """The events of one config request, ``first`` (the ``enqueued`` event) first, then
-    ``version``, ``progress`` whenever the fleet moves (or every heartbeat), one final event.
-
-    Stops early, without a final event, when ``gone()`` says the client left.
-    """
-    yield first
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    version: int | None = None
-    last: Snapshot | None = None
-    last_progress: Event | None = None
-    last_progress_at = loop.time()
-    interval = POLL_MIN_SECONDS
-    while True:
-        changed = False
-        try:
-            snapshot: Snapshot | None = await read_snapshot(database, request_id, version)
-        except DatabaseUnavailable as exc:
-            # Mid-stream the status line is long sent: keep trying until the deadline.
-            log.warning("runtime config request %s: %s; retrying", request_id, exc.reason)
-            snapshot = None
-        now = loop.time()
-        if snapshot is not None:
-            last = snapshot
-            if version is None and snapshot.version is not None:
-                version = snapshot.version
-                changed = True
-                yield {"event": "version", "version": version}
-            progress = progress_event(snapshot)
-            final = final_event(snapshot)
-            # Before the version exists, the fleet's state only matters when nobody is alive to
-            # write it: say so rather than stay silent until the timeout.
-            worth_telling = version is not None or (snapshot.alive_workers == 0 and final is None)
-            heartbeat_due = final is None and now - last_progress_at >= PROGRESS_HEARTBEAT_SECONDS
-            if (worth_telling and progress != last_progress) or heartbeat_due:
-                changed = changed or progress != last_progress
-                last_progress, last_progress_at = progress, now
-                yield progress
-            if final is not None:
-                yield final
-                return
-        if now >= deadline:
-            yield {
-                "event": "timeout",
-                "version": version,
-                "lagging": list(last.lagging) if last is not None else [],
-            }
-            return
-        if gone is not None and await gone():
-            return
-        interval = POLL_MIN_SECONDS if changed else min(interval * POLL_GROWTH, POLL_MAX_SECONDS)
-        await asyncio.sleep(min(interval, max(deadline - loop.time(), 0.0)))
-
-
-# --------------------------------------------------------------------------------------------
-# Responses
-
-
-def _ndjson_line(event: Event) -> bytes:
-    return (json.dumps(event, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
-
-
-def _sse_message(event: Event) -> bytes:
-    data = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
-    return f"event: {event['event']}\ndata: {data}\n\n".encode()
-
-
-_STREAM_HEADERS = {
-    "Cache-Control": "no-cache",
-    # nginx and friends buffer responses unless told not to; a buffered stream is no stream.
-    "X-Accel-Buffering": "no",
-}
-
-
-def request_location(request_id: str) -> str:
-    return f"/runtime-config/requests/{quote(request_id, safe='')}"
-
-
-async def _respond(
-    request: Request,
-    database: Database,
-    media_type: str,
-    first: Event,
-    timeout: float,
-) -> Response:
-    request_id = str(first["request_id"])
-    if media_type == JSON:
-        events = [
-            event
-            async for event in watch_request(
-                database, request_id, first, timeout=timeout, gone=request.is_disconnected
-            )
-        ]
-        final = events[-1] if events and events[-1]["event"] in FINAL_EVENTS else None
-        document: dict[str, Any] = {
-            "request_id": request_id,
-            "task_id": first["task_id"],
-            "outcome": final["event"] if final is not None else None,
-        }
-        if final is not None:
-            document.update({k: v for k, v in final.items() if k != "event"})
-        document["events"] = events
-        return JSONResponse(document)
-    encode = _sse_message if media_type == SSE else _ndjson_line
-
-    async def body() -> AsyncIterator[bytes]:
-        # Starlette cancels this generator when the client disconnects.
-        async for event in watch_request(database, request_id, first, timeout=timeout):
-            yield encode(event)
-
-    return StreamingResponse(body(), media_type=media_type, headers=_STREAM_HEADERS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,79 +98,11 @@ def _normalise(body: Mapping[str, Any], **kwargs: Any) -> RuntimeConfig:
         ) from None
 
 
-@dataclass(frozen=True)
-class Submitted:
-    request_id: str
-    task_id: int | None
-    #: True when the request id was known already: this request attached to it.
-    deduplicated: bool
-
-
-def _unique_key(request_id: str) -> str:
-    return f"runtime-config:{request_id}"
-
-
-async def submit_config(
-    database: Database, config: RuntimeConfig, *, check_payload: bool
-) -> Submitted:
-    """Enqueue the update task for ``config``, or attach to the one its request id has.
-
-    One request id is one version: a retry while the task is unfinished is deduplicated by the
-    task's unique key, and a request id that already has a version or a finished task is
-    attached to. With ``check_payload`` (a PUT), reusing a request id for a different config is
-    a 409: attaching would report the outcome of a config the client did not send.
-    """
-    request_id = config.request_id
-    payload = config.to_payload()
-    async with database.transaction() as conn:
-        existing = await fetch_one(conn, queries.runtime_config_request_task, request_id=request_id)
-        stored = existing["payload"] if existing is not None else None
-        if existing is None:
-            row = await fetch_one(conn, queries.runtime_config_by_request, request_id=request_id)
-            stored = row["payload"] if row is not None else None
-        if stored is None:
-            rows = await fetch_all(
-                conn,
-                queries.task_insert_batch,
-                types=[RUNTIME_CONFIG_TASK_TYPE],
-                payloads=[db.dumps(payload)],
-                priorities=[CONTROL_PRIORITY],
-                weights=[1],
-                labels=["[]"],
-                max_attempts=[UPDATE_TASK_MAX_ATTEMPTS],
-                delays=[None],
-                run_ats=[None],
-                timeouts=[None],
-                unique_keys=[_unique_key(request_id)],
-                wake_hint=protocol.CONTROL_HINT,
-            )
-            if not rows[0]["deduplicated"]:
-                return Submitted(request_id, int(rows[0]["id"]), deduplicated=False)
-            # A concurrent request with the same id enqueued it first.
-            existing = await fetch_one(
-                conn, queries.task_get_unfinished_by_unique_key, unique_key=_unique_key(request_id)
-            ) or await fetch_one(conn, queries.runtime_config_request_task, request_id=request_id)
-            stored = existing["payload"] if existing is not None else None
-    if check_payload and stored is not None and stored != payload:
-        raise ApiError(
-            status.HTTP_409_CONFLICT,
-            [
-                error_item(
-                    ("body", "requestID"),
-                    f"request id {request_id!r} was already used for a different config; "
-                    "use a new requestID (or leave it out) for a new change",
-                    "conflict",
-                )
-            ],
-        )
-    task_id = int(existing["id"]) if existing is not None else None
-    return Submitted(request_id, task_id, deduplicated=True)
-
-
 async def _change_config(
     request: Request,
     database: Database,
-    config: RuntimeConfig,
+    request_id: str,
+    payload: dict[str, Any],
     *,
     wait: bool,
     timeout: float,
@@ -513,8 +110,8 @@ async def _change_config(
 ) -> Response:
     media_type = negotiate(request.headers.get("accept")) if wait else JSON
     if media_type is None:
-        raise _not_acceptable()
-    submitted = await submit_config(database, config, check_payload=check_payload)
+        raise not_acceptable()
+    submitted = await submit_config(database, request_id, payload, check_payload=check_payload)
     if not wait:
         return JSONResponse(
             {
@@ -526,7 +123,7 @@ async def _change_config(
             headers={"Location": request_location(submitted.request_id)},
         )
     first = enqueued_event(submitted.request_id, submitted.task_id, submitted.deduplicated)
-    return await _respond(request, database, media_type, first, timeout)
+    return await respond(request, database, media_type, first, timeout, get_state(request).shutdown)
 
 
 #: The body as documented in the OpenAPI schema; it is read and validated by
@@ -567,14 +164,17 @@ _CHANGE_RESPONSES: dict[int | str, dict[str, Any]] = {
     202: {"description": "?wait=false: enqueued; follow the Location."},
     406: {"description": "The Accept header allows none of the offered types."},
     409: {"description": "The requestID was already used for a different config."},
-    422: {"description": "A rule of SPEC §6 is broken; nothing was enqueued."},
+    422: {"description": "A rule of the runtime config is broken; nothing was enqueued."},
     413: {"description": "The body is larger than 1 MiB."},
 }
 #: What every route here can also answer: auth (admin role) and an unreachable database.
 _COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "No valid bearer token."},
     403: {"description": "The token's role is not admin."},
-    503: {"description": "The database is unavailable."},
+    503: {
+        "description": "The database is unavailable, or (a blocking request) the API is "
+        "shutting down: retry after Retry-After, or follow the Location."
+    },
 }
 _CHANGE_RESPONSES.update(_COMMON_RESPONSES)
 
@@ -590,13 +190,19 @@ async def put_runtime_config(
     """Replace the whole runtime config and follow the fleet until it converges.
 
     Body: ``maxStrictPercentage``, ``defaultWeight``, ``labels`` + ``weights`` or
-    ``labelWeights``, ``requestID``, ``notifyInterval``, ``listenTimeout`` (SPEC §6). An omitted
-    field takes its default.
+    ``labelWeights``, ``requestID``, ``notifyInterval``, ``listenTimeout``
+    (docs/reference.md#runtime-config). An omitted field takes its default.
     """
     body = await _json_object(request)
     config = _normalise(body, default_max_strict_percentage=settings.default_max_strict_percentage)
     return await _change_config(
-        request, database, config, wait=wait, timeout=timeout, check_payload=True
+        request,
+        database,
+        config.request_id,
+        config.to_payload(),
+        wait=wait,
+        timeout=timeout,
+        check_payload=True,
     )
 
 
@@ -610,8 +216,10 @@ async def patch_runtime_config(
 ) -> Response:
     """Merge the given fields into the latest version's config, and follow it like a PUT.
 
-    The merge is made here, against the version that is latest now; a new ``requestID`` is
-    generated unless one is given.
+    The merge is made by the update task, against the version that is latest when it writes the
+    new one (in the same transaction), so concurrent PATCHes compose. The body is checked here
+    against the latest version too, for a 422 now rather than a failed change later. A new
+    ``requestID`` is generated unless one is given.
     """
     body = await _json_object(request)
     latest = await database.fetch_one(queries.runtime_config_latest)
@@ -622,7 +230,13 @@ async def patch_runtime_config(
     else:
         config = _normalise(body, base=config_from_payload(latest["payload"]))
     return await _change_config(
-        request, database, config, wait=wait, timeout=timeout, check_payload=False
+        request,
+        database,
+        config.request_id,
+        patch_payload(config.request_id, body),
+        wait=wait,
+        timeout=timeout,
+        check_payload=False,
     )
 
 
@@ -708,6 +322,11 @@ async def get_runtime_config_request(
 ) -> Response:
     """A config request's status: its task, its version, the alive fleet, and the outcome once
     there is one. ``?watch=true`` re-attaches to its event stream."""
+    if (problem := text_problem(request_id)) is not None:
+        raise ApiError(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            [error_item(("path", "request_id"), f"must not contain {problem}", "invalid_text")],
+        )
     snapshot = await read_snapshot(database, request_id, None)
     if snapshot.task is None and snapshot.version is None:
         raise _not_found(request_id)
@@ -715,9 +334,11 @@ async def get_runtime_config_request(
     if watch:
         media_type = negotiate(request.headers.get("accept"))
         if media_type is None:
-            raise _not_acceptable()
+            raise not_acceptable()
         first = enqueued_event(request_id, task_id, deduplicated=True)
-        return await _respond(request, database, media_type, first, timeout)
+        return await respond(
+            request, database, media_type, first, timeout, get_state(request).shutdown
+        )
     final = final_event(snapshot)
     document: dict[str, Any] = {
         "request_id": request_id,

@@ -120,6 +120,9 @@ class WorkerOut(BaseModel):
     inflight: int
     strict_inflight: int
     metrics_port: int | None
+    task_types: list[str] = Field(
+        description="The task types it has handlers for (it claims only those)."
+    )
     alive: bool
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from types import FrameType
 
 import uvicorn
 
 from taskfleet.api.app import create_app
+from taskfleet.api.shutdown import Shutdown
 from taskfleet.shared.logs import configure_logging
 from taskfleet.shared.settings import ApiSettings
 
@@ -20,7 +22,7 @@ def serve(settings: ApiSettings) -> None:
     # Reading the migration head at startup makes Alembic chatty at INFO; its news is not ours.
     logging.getLogger("alembic").setLevel(logging.WARNING)
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -35,3 +37,17 @@ def serve(settings: ApiSettings) -> None:
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
+    _Server(config, app.state.api.shutdown).run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, telling the app the moment it begins to stop (SIGTERM/SIGINT): long polls and
+    streams answer then, instead of being cut off after the graceful timeout."""
+
+    def __init__(self, config: uvicorn.Config, shutdown: Shutdown) -> None:
+        super().__init__(config)
+        self._shutdown = shutdown
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._shutdown.begin()
+        super().handle_exit(sig, frame)

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskfleet.api.auth import require_role
 from taskfleet.api.database import Database, Row, fetch_all, fetch_one
-from taskfleet.api.deps import get_database, get_metrics, get_registry
+from taskfleet.api.deps import get_database, get_metrics, get_registry, get_shutdown
 from taskfleet.api.errors import ApiError, Loc, pydantic_errors
 from taskfleet.api.routing import guarded_route
 from taskfleet.api.schemas import (
@@ -33,6 +33,7 @@ from taskfleet.api.schemas import (
     TaskPage,
     WaitedTask,
 )
+from taskfleet.api.shutdown import Shutdown
 from taskfleet.shared import queries as q
 from taskfleet.shared.metrics import ApiMetrics
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, lane_for_priority
@@ -229,7 +230,8 @@ async def list_tasks(
     response_model=TaskOut,
     dependencies=[ADMIN],
     responses={404: {"model": ErrorMessage}, 409: {"model": ErrorMessage}, **_ERRORS},
-    summary="Cancel a task (pending: at once; running: the worker interrupts it)",
+    summary="Cancel a task (pending: at once; running: the worker interrupts it; a "
+    "runtime-config update: 409, PUT a new config instead)",
 )
 async def cancel_task(
     id: TaskId, database: Annotated[Database, Depends(get_database)]
@@ -240,6 +242,12 @@ async def cancel_task(
             row = await fetch_one(conn, q.task_get, id=id)
             if row is None:
                 raise _not_found(id)
+            if row["type"] == RUNTIME_CONFIG_TASK_TYPE:
+                raise HTTPException(
+                    status.HTTP_409_CONFLICT,
+                    f"task {id} is a runtime-config update and cannot be cancelled: PUT a new "
+                    "config instead (it supersedes this one)",
+                )
             raise HTTPException(status.HTTP_409_CONFLICT, f"task {id} is already {row['status']}")
     return task_out(row)
 
@@ -284,12 +292,14 @@ async def retry_task(
     response_model=WaitedTask,
     dependencies=[SUBMIT],
     responses={404: {"model": ErrorMessage}, **_ERRORS},
-    summary="Wait until a task is finished or the timeout passes",
+    summary="Wait until a task is finished or the timeout passes (or the server stops: then "
+    "the task as it is, finished false)",
 )
 async def wait_task(
     id: TaskId,
     request: Request,
     database: Annotated[Database, Depends(get_database)],
+    shutdown: Annotated[Shutdown, Depends(get_shutdown)],
     timeout: Annotated[
         float, Query(ge=0, le=WAIT_MAX_TIMEOUT, allow_inf_nan=False, description="Seconds.")
     ] = 30.0,
@@ -304,7 +314,8 @@ async def wait_task(
             raise _not_found(id)
         finished = row["status"] in FINISHED_STATUSES
         remaining = deadline - loop.time()
-        if finished or remaining <= 0 or await request.is_disconnected():
+        if finished or remaining <= 0 or shutdown.started or await request.is_disconnected():
+            # At shutdown: the task as it is now (finished false), not a cut-off connection.
             return {**task_out(row), "finished": finished}
-        await asyncio.sleep(min(interval, remaining))
+        await shutdown.sleep(min(interval, remaining))
         interval = min(interval * 2, WAIT_MAX_POLL)

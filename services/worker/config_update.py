@@ -1,8 +1,10 @@
-"""The runtime-config writer: the ``updateWorkerRuntimeConfig`` control-lane task (SPEC §6).
+"""The runtime-config writer: the ``updateWorkerRuntimeConfig`` control-lane task
+(docs/reference.md#runtime-config).
 
 1. validate and normalise again; 2. insert the version (or find it by request id: retries are
-idempotent); 3. NOTIFY ``up_config``; 4. loop until superseded (a newer version exists) or
-converged (no alive worker below the version), re-notifying every notifyInterval and waiting up
+idempotent); 3. NOTIFY ``up_config``; 4. loop until the fleet has an outcome for it (the rule in
+``shared/policy/convergence.py``: superseded or converged, or timeout once
+TASKFLEET_RUNTIME_CONFIG_DEADLINE has passed), re-notifying every notifyInterval and waiting up
 to listenTimeout for ACKs, which only make the next check come sooner. The database decides.
 """
 
@@ -12,19 +14,39 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
 from taskfleet.shared import db, protocol, queries
-from taskfleet.shared.policy.runtime_config import RuntimeConfigError, normalise_runtime_config
+from taskfleet.shared.metrics import WorkerMetrics
+from taskfleet.shared.policy.convergence import FleetView, Superseded, TimedOut, decide
+from taskfleet.shared.policy.runtime_config import (
+    RuntimeConfig,
+    RuntimeConfigError,
+    config_from_payload,
+    resolve_update,
+)
 from taskfleet.shared.registry import PermanentError
+from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.regroup import finish_regrouping, start_regrouping
 
-if TYPE_CHECKING:
-    from taskfleet.worker.worker import Worker
-
 log = logging.getLogger("taskfleet.worker.config")
+
+
+@dataclass(frozen=True)
+class ConfigWriter:
+    """What the update task needs of the worker running it."""
+
+    settings: WorkerSettings
+    metrics: WorkerMetrics
+    #: Apply the written version on this worker at once (not at its next notification).
+    refresh_local: Callable[[], None]
+
+    async def __call__(self, task_id: int, payload: Any) -> dict[str, Any]:
+        return await run_config_update(self, task_id, payload)
 
 
 async def _fetch(conn: asyncpg.Connection, query: queries.Query, **params: Any) -> asyncpg.Record:
@@ -32,17 +54,41 @@ async def _fetch(conn: asyncpg.Connection, query: queries.Query, **params: Any) 
     return await conn.fetchrow(sql, *args, timeout=30)
 
 
-async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[str, Any]:
-    settings = worker.settings
-    try:
-        config = normalise_runtime_config(
-            payload if isinstance(payload, dict) else {},
-            default_max_strict_percentage=settings.default_max_strict_percentage,
-            generate_request_id=False,
+async def _write_version(
+    conn: asyncpg.Connection, payload: dict[str, Any], request_id: str, settings: WorkerSettings
+) -> tuple[int, RuntimeConfig]:
+    """Insert the request's version (or find it: a retry of the task reuses it); its number and
+    config. Under the write lock, from reading the latest version to inserting the next, so a
+    PATCH merges into the version it replaces and concurrent PATCHes compose."""
+    async with conn.transaction():
+        await _fetch(
+            conn, queries.runtime_config_write_lock, lock_key=queries.CONFIG_WRITE_LOCK_KEY
         )
-    except RuntimeConfigError as exc:
-        raise PermanentError(f"invalid runtime config: {exc}") from exc
-    if not config.request_id:
+        existing = await _fetch(conn, queries.runtime_config_by_request, request_id=request_id)
+        if existing is not None:
+            return int(existing["version"]), config_from_payload(existing["payload"])
+        latest = await _fetch(conn, queries.runtime_config_latest)
+        try:
+            config = resolve_update(
+                payload,
+                latest=latest["payload"] if latest is not None else None,
+                default_max_strict_percentage=settings.default_max_strict_percentage,
+            )
+        except RuntimeConfigError as exc:
+            raise PermanentError(f"invalid runtime config: {exc}") from exc
+        row = await _fetch(
+            conn,
+            queries.runtime_config_insert,
+            request_id=request_id,
+            payload=db.dumps(config.to_payload()),
+        )
+        return int(row["version"]), config
+
+
+async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) -> dict[str, Any]:
+    settings, metrics = writer.settings, writer.metrics
+    request_id = payload.get("requestID") if isinstance(payload, dict) else None
+    if not isinstance(request_id, str) or not request_id:
         raise PermanentError("invalid runtime config: requestID is missing")
 
     acked = asyncio.Event()
@@ -50,7 +96,7 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
     def on_ack(_conn: object, _pid: int, channel: str, raw: str) -> None:
         message = protocol.parse(channel, raw)
         malformed = isinstance(message, protocol.Malformed)
-        worker.metrics.notifications.labels(channel, "malformed" if malformed else "ok").inc()
+        metrics.notifications.labels(channel, "malformed" if malformed else "ok").inc()
         if isinstance(message, protocol.ConfigAck):
             acked.set()
         else:
@@ -62,41 +108,66 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
         if settings.listen_enabled:
             # ACKs only shorten the wait; with LISTEN disabled the loop simply polls.
             await conn.add_listener(protocol.CONFIG_ACK_CHANNEL, on_ack)
-        row = await _fetch(
-            conn,
-            queries.runtime_config_insert,
-            request_id=config.request_id,
-            payload=db.dumps(config.to_payload()),
-        )
-        version = int(row["version"])
-        up_config = protocol.config_updated_payload(config.request_id, version)
+        version, config = await _write_version(conn, payload, request_id, settings)
+        up_config = protocol.config_updated_payload(request_id, version)
         log.info("task %d: runtime config version %d written; notifying", task_id, version)
         await _fetch(conn, queries.notify, channel=protocol.CONFIG_CHANNEL, payload=up_config)
-        # This worker applies it at once too, not at its own next notification or tick.
-        worker.request_config_refresh()
+        writer.refresh_local()
+        # Pending tasks whose group a change of the configured labels moves: re-grouped in
+        # the background, in bounded steps, while the fleet converges.
         regrouping = start_regrouping(settings.database_url)
         last_notify = time.monotonic()
+        deadline = last_notify + settings.runtime_config_deadline
         while True:
             acked.clear()
             state = await _fetch(conn, queries.runtime_config_convergence, version=version)
             lagging = list(state["lagging"])
-            worker.metrics.lagging_workers.set(len(lagging))
-            if state["latest"] > version:
-                worker.metrics.superseded.inc()
-                worker.metrics.lagging_workers.set(0)
+            metrics.lagging_workers.set(len(lagging))
+            since = state["seconds_since_insert"]
+            decision = decide(
+                FleetView(
+                    version=version,
+                    latest=int(state["latest"]),
+                    alive_workers=int(state["alive_workers"]),
+                    lagging=lagging,
+                    seconds_since_insert=float(since) if since is not None else None,
+                ),
+                deadline_passed=time.monotonic() >= deadline,
+            )
+            if isinstance(decision, Superseded):
+                metrics.superseded.inc()
+                metrics.lagging_workers.set(0)
                 return {
                     "outcome": "superseded",
                     "version": version,
-                    "superseded_by": int(state["latest"]),
+                    "superseded_by": decision.superseded_by,
                 }
-            if not lagging:
-                seconds = float(state["seconds_since_insert"] or 0.0)
-                worker.metrics.convergence_seconds.observe(seconds)
+            if isinstance(decision, TimedOut):
+                log.warning(
+                    "task %d: runtime config version %d not applied by every alive worker "
+                    "within %gs; giving the control slot back (lagging: %s)",
+                    task_id,
+                    version,
+                    settings.runtime_config_deadline,
+                    ", ".join(decision.lagging) or decision.reason,
+                )
+                result: dict[str, Any] = {
+                    "outcome": "timeout",
+                    "version": version,
+                    "lagging": list(decision.lagging),
+                    "alive_workers": decision.alive_workers,
+                }
+                if decision.reason is not None:
+                    result["reason"] = decision.reason
+                return result
+            if decision is not None:
+                seconds = decision.seconds or 0.0
+                metrics.convergence_seconds.observe(seconds)
                 return {
                     "outcome": "converged",
                     "version": version,
-                    "seconds": round(seconds, 6),
-                    "alive_workers": int(state["alive_workers"]),
+                    "seconds": seconds,
+                    "alive_workers": decision.alive_workers,
                 }
             now = time.monotonic()
             if now - last_notify >= config.notify_interval:
@@ -106,9 +177,8 @@ async def run_config_update(worker: Worker, task_id: int, payload: Any) -> dict[
                 last_notify = now
             until_notify = config.notify_interval - (time.monotonic() - last_notify)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    acked.wait(), max(0.005, min(config.listen_timeout, until_notify))
-                )
+                async with asyncio.timeout(max(0.005, min(config.listen_timeout, until_notify))):
+                    await acked.wait()
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), 5)

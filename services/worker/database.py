@@ -17,32 +17,72 @@ from taskfleet.shared.queries import Query
 
 log = logging.getLogger(__name__)
 
-#: Bound on any one statement, so a hung server cannot wedge a loop forever.
+#: Bound on any one statement, so a hung server cannot wedge a loop forever. The server enforces
+#: it (its statement_timeout ends the statement and releases its locks); the client waits a
+#: little longer, for a server that does not answer at all.
 STATEMENT_TIMEOUT = 30.0
+CLIENT_TIMEOUT_MARGIN = 2.0
+CONNECT_TIMEOUT = 30.0
+
+
+#: What a database round trip can raise: server errors, network errors, timeouts, and asyncpg's
+#: own client-side errors (InternalClientError after a killed connection is not an
+#: InterfaceError). All of them are retried with backoff; none may stop the worker.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (Exception,)
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (a log line stays one line), or its type when it has no text."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+#: SQLSTATE classes of errors that are the statement's own fault (bad data, a broken constraint,
+#: a limit): sending the same statement again cannot succeed.
+_REJECTED_CLASSES = ("22", "23", "42", "54")
+
+
+def rejected_statement(exc: BaseException) -> bool:
+    """True when the server refused the statement itself, not the connection or the moment."""
+    if not isinstance(exc, asyncpg.PostgresError):
+        return False
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    return sqlstate[:2] in _REJECTED_CLASSES
 
 
 class Database:
-    """One connection used by one concern (claims, or finishes and ticks). Statements on it are
-    serialised; a broken connection is dropped and the next statement reconnects."""
+    """One connection used by one concern (claims; outcomes and config reads; the heartbeat).
+    Statements on it are serialised; a broken connection is dropped and the next statement
+    reconnects."""
 
-    def __init__(self, url: str, application_name: str, *, synchronous_commit: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        application_name: str,
+        *,
+        synchronous_commit: bool = True,
+        statement_timeout: float = STATEMENT_TIMEOUT,
+    ) -> None:
         self._url = url
+        self._timeout = statement_timeout
         self._synchronous_commit = synchronous_commit
         self._application_name = application_name
         self._conn: asyncpg.Connection | None = None
         self._lock = asyncio.Lock()
-        self.healthy = False
+        #: The last statement failed (none yet: not failing).
+        self.failing = False
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncio.wait_for(
-                db.connect(
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
+            # arrives as the connection completes, and a loop being stopped would run on.
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                self._conn = await db.connect(
                     self._url,
                     application_name=self._application_name,
                     synchronous_commit=self._synchronous_commit,
-                ),
-                STATEMENT_TIMEOUT,
-            )
+                    statement_timeout=self._timeout,
+                )
         return self._conn
 
     async def fetch(self, query: Query, **params: Any) -> list[asyncpg.Record]:
@@ -50,22 +90,26 @@ class Database:
         async with self._lock:
             try:
                 conn = await self._connection()
-                rows: list[asyncpg.Record] = await conn.fetch(sql, *args, timeout=STATEMENT_TIMEOUT)
+                rows: list[asyncpg.Record] = await conn.fetch(
+                    sql, *args, timeout=self._timeout + CLIENT_TIMEOUT_MARGIN
+                )
             except asyncpg.PostgresError as exc:
                 # The server answered with an error: the connection is still good, unless the
                 # error is the server going away (admin shutdown, crash recovery, ...).
+                # A statement the server timed out (QueryCanceledError) leaves it usable.
                 if isinstance(
                     exc, (asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError)
-                ):
+                ) and not isinstance(exc, asyncpg.QueryCanceledError):
                     self._discard()
-                self.healthy = False
+                self.failing = True
                 raise
-            except BaseException:
+            except BaseException as exc:
                 # Network errors, timeouts, cancellation: the protocol state is unknown.
                 self._discard()
-                self.healthy = False
+                if not isinstance(exc, asyncio.CancelledError):
+                    self.failing = True
                 raise
-            self.healthy = True
+            self.failing = False
             return rows
 
     def _discard(self) -> None:

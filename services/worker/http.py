@@ -26,13 +26,17 @@ def create_worker_http_app(worker: Worker) -> Starlette:
         return JSONResponse({"status": "ok", "worker_id": worker.id})
 
     async def readyz(_request: Request) -> Response:
+        reasons = worker.not_ready_reasons()
         body = {
             "worker_id": worker.id,
             "status": worker.status,
+            "ready": not reasons,
+            "reasons": reasons,
             "listener_connected": worker.listener.connected.is_set(),
             "applied_config_version": worker.applied_version,
+            "schema_revision_expected": worker.expected_revision,
         }
-        return JSONResponse(body, status_code=200 if worker.healthy else 503)
+        return JSONResponse(body, status_code=200 if not reasons else 503)
 
     return Starlette(
         routes=[

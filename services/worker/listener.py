@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 
 from taskfleet.shared import db, protocol
 from taskfleet.shared.metrics import WorkerMetrics
+from taskfleet.shared.policy.backoff import LoopBackoff
+from taskfleet.worker.database import first_line
+from taskfleet.worker.stopping import stop_tasks
 
 log = logging.getLogger("taskfleet.worker.listener")
 
@@ -50,9 +52,7 @@ class Listener:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_tasks([self._task])
             self._task = None
 
     @property
@@ -62,15 +62,18 @@ class Listener:
         return conn.get_server_pid() if conn is not None and not conn.is_closed() else None
 
     async def _run(self) -> None:
-        failures = 0
+        retry = LoopBackoff(base=0.1, cap=5.0)
         ever_connected = False
         while True:
             lost = asyncio.Event()
             conn: asyncpg.Connection | None = None
+            what = "connecting failed"
             try:
-                live: asyncpg.Connection = await asyncio.wait_for(
-                    db.connect(self._url, application_name="taskfleet-worker-listen"), 30
-                )
+                # asyncio.timeout, not wait_for (which can swallow a cancel on Python 3.11).
+                async with asyncio.timeout(30):
+                    live: asyncpg.Connection = await db.connect(
+                        self._url, application_name="taskfleet-worker-listen"
+                    )
                 conn = live
                 live.add_termination_listener(lambda _c, lost=lost: lost.set())
                 for channel in self._channels:
@@ -83,25 +86,27 @@ class Listener:
                     self._metrics.listener_reconnects.inc()
                     log.info("listener reconnected")
                 ever_connected = True
-                failures = 0
+                retry.reset()
                 await self._on_connect()
                 while not lost.is_set() and not live.is_closed():
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), CLOSED_CHECK_INTERVAL)
-                log.warning("listener connection lost")
+                        async with asyncio.timeout(CLOSED_CHECK_INTERVAL):
+                            await lost.wait()
+                what = "connection lost"
+                error = "the server closed it"
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("listener: %s", exc)
+                error = first_line(exc)
             finally:
                 self.connected.clear()
                 self._metrics.listener_connected.set(0)
                 self._conn = None
                 if conn is not None:
                     conn.terminate()
-            failures += 1
-            delay = min(5.0, 0.05 * 2 ** min(failures, 10))
-            await asyncio.sleep(delay / 2 + random.random() * delay / 2)
+            delay = retry.next()
+            log.warning("listener: %s (%s); retrying in %.2fs", what, error, delay)
+            await asyncio.sleep(delay)
 
     def _deliver(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
         message = protocol.parse(channel, payload)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
+import sys
 from collections.abc import Callable
 
 from taskfleet.shared.errors import bind_error
@@ -58,8 +60,21 @@ def _bind_metrics(host: str, port: int) -> socket.socket:
 def run_worker_process(settings: WorkerSettings) -> int:
     configure_logging(settings.log_level, settings.log_format)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve_worker(settings))
-    return 0
+        worker = runner.run(serve_worker(settings))
+    if worker.handler_threads_running:
+        # Blocking handlers still in their threads (past the drain timeout): their tasks were
+        # not given back, so they must stop now, with the process; the interpreter would
+        # otherwise wait for them at exit. Their leases expire and the sweep rescues them.
+        log.warning(
+            "exiting with %d handler thread(s) still running; their tasks are rescued when "
+            "their leases expire",
+            worker.handler_threads_running,
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(worker.exit_code)
+    return worker.exit_code
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -1,4 +1,5 @@
-"""Retry backoff (docs/reference.md#worker-runtime): exponential with jitter, capped."""
+"""Backoff: task retries (exponential with jitter, capped) and the worker loops' retries after
+failures. See docs/reference.md#environment for the defaults."""
 
 from __future__ import annotations
 
@@ -29,3 +30,23 @@ class BackoffPolicy:
         except OverflowError:  # factor**n past float range: the cap has long won
             ceiling = self.cap
         return ceiling / 2 + (ceiling / 2) * rand()
+
+
+@dataclass
+class LoopBackoff:
+    """The delay before a loop's next try after consecutive failures (a database blip, an
+    outage): ``base`` doubling per failure up to ``cap``, with equal jitter. ``reset()`` after a
+    success. Stateful, but no I/O: the loop sleeps the delay this returns.
+    """
+
+    base: float = 0.05
+    cap: float = 5.0
+    failures: int = 0
+
+    def next(self, rand: Callable[[], float] = random.random) -> float:
+        self.failures += 1
+        delay = min(self.cap, self.base * 2.0 ** min(self.failures - 1, 20))
+        return delay / 2 + rand() * delay / 2
+
+    def reset(self) -> None:
+        self.failures = 0

@@ -16,6 +16,7 @@ from typing import Any
 
 from taskfleet.shared.policy.groups import GroupKey, group_weights
 from taskfleet.shared.policy.lanes import strict_cap
+from taskfleet.shared.storable import escape_text, text_problem
 
 KNOWN_FIELDS = frozenset(
     {
@@ -143,6 +144,9 @@ def _check_label(value: object, loc: tuple[str | int, ...], issues: list[ConfigI
     if len(value) > MAX_LABEL_LENGTH:
         issues.append(ConfigIssue(loc, f"label must be at most {MAX_LABEL_LENGTH} characters"))
         return False
+    if (problem := text_problem(value)) is not None:
+        issues.append(ConfigIssue(loc, f"label must not contain {problem}"))
+        return False
     return True
 
 
@@ -239,8 +243,8 @@ def normalise_runtime_config(
         else:
             new_map = {}
             for label, weight in mapping.items():
-                ok_label = _check_label(label, ("labelWeights", str(label)), issues)
-                ok_weight = _check_weight(weight, ("labelWeights", str(label)), issues)
+                ok_label = _check_label(label, ("labelWeights", escape_text(str(label))), issues)
+                ok_weight = _check_weight(weight, ("labelWeights", escape_text(str(label))), issues)
                 if ok_label and ok_weight:
                     new_map[label] = weight
             label_weights = new_map
@@ -271,6 +275,9 @@ def normalise_runtime_config(
             )
         )
         request_id = None
+    elif isinstance(request_id, str) and (problem := text_problem(request_id)) is not None:
+        issues.append(ConfigIssue(("requestID",), f"must not contain {problem}"))
+        request_id = None
 
     if issues:
         raise RuntimeConfigError(issues)
@@ -283,6 +290,48 @@ def normalise_runtime_config(
         notify_interval=notify_interval,
         listen_timeout=listen_timeout,
         request_id=request_id,
+    )
+
+
+#: The key of a PATCH's changes in the update task's payload (a PUT's payload is the config).
+PATCH_KEY = "patch"
+
+
+def patch_payload(request_id: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The update task's payload for a PATCH: the changes as given, merged into the latest
+    version by the writer, in the transaction that inserts the new one (so concurrent PATCHes
+    compose: none merges against a version another one is replacing)."""
+    return {
+        "requestID": request_id,
+        PATCH_KEY: {k: v for k, v in changes.items() if k != "requestID"},
+    }
+
+
+def resolve_update(
+    payload: Mapping[str, Any],
+    *,
+    latest: Mapping[str, Any] | None,
+    default_max_strict_percentage: int = 100,
+) -> RuntimeConfig:
+    """The config an update task writes, validated: a PUT's config as given (omitted fields at
+    their defaults); a PATCH's changes merged into ``latest``, the newest stored payload (None
+    before the first version, when the defaults are the base). Raises RuntimeConfigError."""
+    if not isinstance(payload, Mapping):
+        raise RuntimeConfigError([ConfigIssue((), "body must be a JSON object")])
+    if PATCH_KEY not in payload:
+        return normalise_runtime_config(
+            payload,
+            default_max_strict_percentage=default_max_strict_percentage,
+            generate_request_id=False,
+        )
+    changes = payload[PATCH_KEY]
+    if not isinstance(changes, Mapping):
+        raise RuntimeConfigError([ConfigIssue((PATCH_KEY,), "must be an object of changes")])
+    return normalise_runtime_config(
+        {**changes, "requestID": payload.get("requestID")},
+        default_max_strict_percentage=default_max_strict_percentage,
+        base=config_from_payload(latest) if latest is not None else None,
+        generate_request_id=False,
     )
 
 

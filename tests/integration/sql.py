@@ -18,7 +18,7 @@ import asyncpg
 from taskfleet.shared import db
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.groups import GroupKey
-from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
+from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
 from taskfleet.shared.policy.runtime_config import normalise_runtime_config
 
 LEASE_TTL = 30.0
@@ -85,16 +85,31 @@ def control_task() -> NewTask:
     return NewTask(type="updateWorkerRuntimeConfig", priority=CONTROL_PRIORITY, max_attempts=1)
 
 
+#: The task types the tests' workers claim (a worker claims only types it has handlers for).
+CLAIMABLE_TYPES: tuple[str, ...] = (
+    "demo.echo",
+    "demo.sleep",
+    "demo.fail",
+    "demo.cpu",
+    RUNTIME_CONFIG_TASK_TYPE,
+)
+
 Outcome = tuple[int, str]
 """(task id, status the attempt ended in: completed, failed, cancelled or pending = retry)."""
 
 
 def outcome_params(
-    outcomes: Sequence[Outcome], *, error: str | None = None, retry_in: float = 0.0
+    outcomes: Sequence[Outcome],
+    *,
+    error: str | None = None,
+    retry_in: float = 0.0,
+    attempts: Sequence[int] | None = None,
 ) -> dict[str, list[Any]]:
-    """The ``fin_*`` parameters shared by ``task_finish_batch`` and ``task_claim``."""
+    """The ``fin_*`` parameters shared by ``task_finish_batch`` and ``task_claim``. ``attempts``:
+    the attempt each outcome is of (the fence); default 1 each."""
     return {
         "fin_ids": [i for i, _ in outcomes],
+        "fin_attempts": list(attempts) if attempts is not None else [1] * len(outcomes),
         "fin_statuses": [s for _, s in outcomes],
         "fin_results": ['{"ok": true}' if s == "completed" else None for _, s in outcomes],
         "fin_errors": [None if s == "completed" else error for _, s in outcomes],
@@ -155,12 +170,16 @@ async def claim(
     lease_ttl: float = LEASE_TTL,
     outcomes: Sequence[Outcome] = (),
     error: str | None = None,
+    attempts: Sequence[int] | None = None,
+    types: Sequence[str] = CLAIMABLE_TYPES,
 ) -> Claim:
     await ensure_grouping(conn, configured)
+    if attempts is None:
+        attempts = await current_attempts(conn, [i for i, _ in outcomes])
     rows = await run(
         conn,
         q.task_claim,
-        **outcome_params(outcomes, error=error),
+        **outcome_params(outcomes, error=error, attempts=attempts),
         control_limit=control,
         strict_limit=strict,
         group_keys=[g for g, _ in groups],
@@ -169,6 +188,7 @@ async def claim(
         probe_normal=probe_normal,
         worker_id=worker_id,
         lease_ttl=lease_ttl,
+        types=list(types),
     )
     assert rows, "task_claim always returns at least one row"
     # The per-statement columns repeat on every row.
@@ -201,6 +221,7 @@ async def register_worker(conn: asyncpg.Connection, worker_id: str, concurrency:
         heartbeat_interval=3.0,
         applied_config_version=0,
         metrics_port=None,
+        task_types=[t for t in CLAIMABLE_TYPES if t != RUNTIME_CONFIG_TASK_TYPE],
     )
 
 
@@ -209,6 +230,7 @@ async def tick(
     worker_id: str,
     *,
     held: Sequence[int] = (),
+    held_attempts: Sequence[int] | None = None,
     sweep: bool = False,
     inflight: int = 0,
     strict_inflight: int = 0,
@@ -216,14 +238,21 @@ async def tick(
     lease_ttl: float = LEASE_TTL,
 ) -> list[tuple[str, int | None, str | None]]:
     """``worker_tick`` as (kind, id, status) tuples; ``held`` are the task ids this worker
-    process runs (only their leases are renewed)."""
+    process runs (only their leases are renewed), each at its current attempt unless
+    ``held_attempts`` says otherwise."""
+    if held_attempts is None:
+        held_attempts = await current_attempts(conn, held)
     rows = await run(
         conn,
         q.worker_tick,
+        status="online",
+        hostname="test-host",
+        pid=1,
         inflight=inflight,
         strict_inflight=strict_inflight,
         applied_version=applied_version,
         held=list(held),
+        held_attempts=list(held_attempts),
         worker_id=worker_id,
         lease_ttl=lease_ttl,
         sweep=sweep,
@@ -243,15 +272,28 @@ async def finish(
     *,
     error: str | None = None,
     retry_in: float = 0.0,
+    attempts: Sequence[int] | None = None,
 ) -> list[Outcome]:
-    """``task_finish_batch`` for (id, status) pairs; the rows it changed."""
+    """``task_finish_batch`` for (id, status) pairs, each of its current attempt unless
+    ``attempts`` says otherwise; the rows it changed."""
+    if attempts is None:
+        attempts = await current_attempts(conn, [i for i, _ in outcomes])
     rows = await run(
         conn,
         q.task_finish_batch,
-        **outcome_params(outcomes, error=error, retry_in=retry_in),
+        **outcome_params(outcomes, error=error, retry_in=retry_in, attempts=attempts),
         worker_id=worker_id,
     )
     return sorted((r["id"], r["status"]) for r in rows)
+
+
+async def current_attempts(conn: asyncpg.Connection, ids: Sequence[int]) -> list[int]:
+    """Each task's attempts column now (the attempt a worker holding it runs)."""
+    rows = await conn.fetch(
+        "SELECT id, attempts FROM taskfleet.tasks WHERE id = ANY($1::bigint[])", list(ids)
+    )
+    by_id = {r["id"]: r["attempts"] for r in rows}
+    return [by_id.get(i, 0) for i in ids]
 
 
 async def expire_leases(conn: asyncpg.Connection, ids: Sequence[int]) -> None:

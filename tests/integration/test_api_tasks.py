@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from taskfleet.api.app import create_app
 from taskfleet.shared import db
@@ -514,6 +515,7 @@ async def test_workers_lists_every_row_with_alive(
                 "heartbeat_interval": 3.0,
                 "applied_config_version": 0,
                 "metrics_port": 9100,
+                "task_types": ["demo.echo", "demo.sleep"],
             }
         )
         await conn.execute(sql, *args)
@@ -534,6 +536,7 @@ async def test_workers_lists_every_row_with_alive(
     }
     assert response.json()["workers"][0]["id"] == "w-alive"  # alive ones first
     assert workers["w-alive"]["concurrency"] == 4
+    assert workers["w-alive"]["task_types"] == ["demo.echo", "demo.sleep"]
     assert workers["w-offline"]["status"] == "offline"
 
 
@@ -645,3 +648,20 @@ async def test_list_filters_by_worker(client: httpx.AsyncClient, conn: asyncpg.C
     listed = (await client.get("/tasks", params={"worker": "w-other"})).json()["tasks"]
     assert [t["id"] for t in listed] == [second["id"]]
     assert (await client.get("/tasks", params={"worker": ""})).status_code == 422
+
+
+async def test_oldest_ready_age_counts_from_submission_not_from_a_past_run_at(
+    client: httpx.AsyncClient,
+) -> None:
+    # run_at in 1970: the task became ready when it was submitted, a moment ago, not 57 years
+    # ago (which fired the documented backlog-aging alert at once).
+    await submit(client, type="demo.echo", run_at="1970-01-02T00:00:00Z")
+    text = (await client.get("/metrics")).text
+    ages = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "taskfleet_queue_oldest_ready_age_seconds"
+        and sample.labels == {"lane": "normal", "group": "default"}
+    ]
+    assert len(ages) == 1 and 0 <= ages[0] < 3600, ages

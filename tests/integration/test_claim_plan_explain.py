@@ -12,7 +12,13 @@ import pytest
 
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
-from tests.integration.sql import Outcome, connected, ensure_grouping, outcome_params
+from tests.integration.sql import (
+    CLAIMABLE_TYPES,
+    Outcome,
+    connected,
+    ensure_grouping,
+    outcome_params,
+)
 
 ROWS = 1_000_000
 
@@ -110,6 +116,7 @@ async def explain(
             "probe_normal": False,
             "worker_id": "w-explain",
             "lease_ttl": 30.0,
+            "types": list(CLAIMABLE_TYPES),
             **params,
         }
     )
@@ -220,6 +227,7 @@ async def test_the_planned_statement_claims_from_every_lane(conn: asyncpg.Connec
             "probe_normal": False,
             "worker_id": "w-explain",
             "lease_ttl": 30.0,
+            "types": list(CLAIMABLE_TYPES),
         }
     )
     transaction = conn.transaction()

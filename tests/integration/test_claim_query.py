@@ -24,6 +24,7 @@ from tests.integration.sql import (
     control_task,
     insert_task,
     insert_tasks,
+    register_worker,
     run,
 )
 
@@ -531,3 +532,51 @@ async def test_insert_batch_keeps_order_and_deduplicates_unfinished_unique_keys(
     await conn.execute("UPDATE taskfleet.tasks SET status = 'completed' WHERE id = $1", first)
     again = await insert_task(conn, NewTask(unique_key="k1"))
     assert again != first
+
+
+async def test_a_claim_takes_only_the_types_the_worker_knows(conn: asyncpg.Connection) -> None:
+    known, unknown_strict, unknown_normal = await insert_tasks(
+        conn,
+        [NewTask(), NewTask(type="new.kind", priority=5), NewTask(type="new.kind")],
+    )
+    assert await claim_ids(conn, strict=2, groups=[(None, 2)], types=["demo.echo"]) == [known]
+    assert await claim_ids(conn, strict=2, groups=[(None, 2)], types=["demo.echo"]) == []
+    # Work of unknown types is not "waiting" for this worker either (it would spin on it).
+    probe = await claim(conn, probe_strict=True, probe_normal=True, types=["demo.echo"])
+    assert (probe.strict_waiting, probe.normal_waiting) == (False, False)
+    probe = await claim(conn, probe_strict=True, probe_normal=True, types=["new.kind"])
+    assert (probe.strict_waiting, probe.normal_waiting) == (True, True)
+    # A worker that knows the type takes them.
+    assert sorted(await claim_ids(conn, strict=2, groups=[(None, 2)], types=["new.kind"])) == [
+        unknown_strict,
+        unknown_normal,
+    ]
+
+
+async def test_unrunnable_counts_pending_tasks_no_alive_worker_knows(
+    conn: asyncpg.Connection,
+) -> None:
+    async def unknown() -> int:
+        (row,) = await run(conn, q.task_unrunnable_counts)
+        assert row["reason"] == "unknown_type"
+        return int(row["tasks"])
+
+    await insert_tasks(conn, [NewTask(), NewTask(type="new.kind"), NewTask(type="new.kind")])
+    assert await unknown() == 3  # no alive worker at all
+    await register_worker(conn, "w-old")  # knows the demo types
+    assert await unknown() == 2
+    await run(
+        conn,
+        q.worker_register,
+        id="w-new",
+        hostname="h",
+        pid=2,
+        concurrency=1,
+        heartbeat_interval=3.0,
+        applied_config_version=0,
+        metrics_port=None,
+        task_types=["new.kind"],
+    )
+    assert await unknown() == 0
+    await conn.execute("UPDATE taskfleet.workers SET status = 'offline' WHERE id = 'w-new'")
+    assert await unknown() == 2

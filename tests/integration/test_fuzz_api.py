@@ -671,3 +671,206 @@ def test_runtime_config_nulls_match_the_documented_schema(
     assert not surprises, "null accepted where the document says it is not:\n" + "\n".join(
         surprises
     )
+
+
+# --------------------------------------------------------------------------------------------
+# 4. What Postgres cannot store, in every string field of every route: NUL and lone surrogates
+#    (a JSON escape: a raw lone surrogate is not UTF-8, refused before any field is read)
+
+HOSTILE_TEXT = {"NUL": "a\\u0000b", "surrogate": "a\\ud800b", "low surrogate": "\\udfff"}
+
+
+def _config(field_json: str) -> bytes:
+    return ("{" + field_json + "}").encode()
+
+
+#: (id, method, path, query, body): "<S>" stands for the hostile text (already JSON-escaped in
+#: bodies, percent-encoded in paths and queries), ``loc`` the location a 422 must name.
+STRING_FIELDS: list[tuple[str, str, str, dict[str, str] | None, str | None, list[str | int]]] = [
+    ("task type", "POST", "/tasks", None, '{"type":"<S>"}', ["body", "type"]),
+    (
+        "task label",
+        "POST",
+        "/tasks",
+        None,
+        '{"type":"demo.echo","labels":["<S>"]}',
+        ["body", "labels", 0],
+    ),
+    (
+        "task unique_key",
+        "POST",
+        "/tasks",
+        None,
+        '{"type":"demo.echo","unique_key":"<S>"}',
+        ["body", "unique_key"],
+    ),
+    (
+        "task payload value",
+        "POST",
+        "/tasks",
+        None,
+        '{"type":"demo.echo","payload":{"value":"<S>"}}',
+        ["body", "payload"],
+    ),
+    (
+        "task payload key",
+        "POST",
+        "/tasks",
+        None,
+        '{"type":"demo.echo","payload":{"value":{"<S>":1}}}',
+        ["body", "payload"],
+    ),
+    (
+        "task run_at",
+        "POST",
+        "/tasks",
+        None,
+        '{"type":"demo.echo","run_at":"<S>"}',
+        ["body", "run_at"],
+    ),
+    (
+        "batch item type",
+        "POST",
+        "/tasks/batch",
+        None,
+        '{"tasks":[{"type":"demo.echo"},{"type":"<S>"}]}',
+        ["body", "tasks", 1, "type"],
+    ),
+    (
+        "batch item label",
+        "POST",
+        "/tasks/batch",
+        None,
+        '{"tasks":[{"type":"demo.echo"},{"type":"demo.echo","labels":["<S>"]}]}',
+        ["body", "tasks", 1, "labels", 0],
+    ),
+    (
+        "batch item unique_key",
+        "POST",
+        "/tasks/batch",
+        None,
+        '{"tasks":[{"type":"demo.echo"},{"type":"demo.echo","unique_key":"<S>"}]}',
+        ["body", "tasks", 1, "unique_key"],
+    ),
+    ("list type filter", "GET", "/tasks", {"type": "<S>"}, None, ["query", "type"]),
+    ("list label filter", "GET", "/tasks", {"label": "<S>"}, None, ["query", "label"]),
+    ("list status filter", "GET", "/tasks", {"status": "<S>"}, None, ["query", "status"]),
+    ("list cursor", "GET", "/tasks", {"cursor": "<S>"}, None, ["query", "cursor"]),
+    ("task id", "GET", "/tasks/<S>", None, None, ["path", "id"]),
+    ("cancel id", "POST", "/tasks/<S>/cancel", None, None, ["path", "id"]),
+    ("wait id", "GET", "/tasks/<S>/wait", None, None, ["path", "id"]),
+    ("wait timeout", "GET", "/tasks/1/wait", {"timeout": "<S>"}, None, ["query", "timeout"]),
+    ("workers limit", "GET", "/workers", {"limit": "<S>"}, None, ["query", "limit"]),
+    (
+        "config label",
+        "PUT",
+        "/runtime-config",
+        {"wait": "false"},
+        '{"labels":["<S>"],"weights":[1]}',
+        ["body", "labels", 0],
+    ),
+    (
+        "config labelWeights key",
+        "PUT",
+        "/runtime-config",
+        {"wait": "false"},
+        '{"labelWeights":{"<S>":1}}',
+        ["body", "labelWeights"],
+    ),
+    (
+        "config requestID",
+        "PUT",
+        "/runtime-config",
+        {"wait": "false"},
+        '{"requestID":"<S>"}',
+        ["body", "requestID"],
+    ),
+    (
+        "config notifyInterval",
+        "PUT",
+        "/runtime-config",
+        {"wait": "false"},
+        '{"notifyInterval":"<S>"}',
+        ["body", "notifyInterval"],
+    ),
+    (
+        "config listenTimeout",
+        "PUT",
+        "/runtime-config",
+        {"wait": "false"},
+        '{"listenTimeout":"<S>"}',
+        ["body", "listenTimeout"],
+    ),
+    (
+        "patch label",
+        "PATCH",
+        "/runtime-config",
+        {"wait": "false"},
+        '{"labels":["<S>"],"weights":[1]}',
+        ["body", "labels", 0],
+    ),
+    (
+        "patch labelWeights key",
+        "PATCH",
+        "/runtime-config",
+        {"wait": "false"},
+        '{"labelWeights":{"<S>":1}}',
+        ["body", "labelWeights"],
+    ),
+    (
+        "patch requestID",
+        "PATCH",
+        "/runtime-config",
+        {"wait": "false"},
+        '{"requestID":"<S>"}',
+        ["body", "requestID"],
+    ),
+    ("config wait", "PUT", "/runtime-config", {"wait": "<S>"}, "{}", ["query", "wait"]),
+    ("config timeout", "PUT", "/runtime-config", {"timeout": "<S>"}, "{}", ["query", "timeout"]),
+    ("request id", "GET", "/runtime-config/requests/<S>", None, None, ["path", "request_id"]),
+    (
+        "request watch",
+        "GET",
+        "/runtime-config/requests/r1",
+        {"watch": "<S>"},
+        None,
+        ["query", "watch"],
+    ),
+]
+
+_PERCENT = {"NUL": "a%00b", "surrogate": "a%ED%A0%80b", "low surrogate": "%ED%BF%BF"}
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE_TEXT))
+@pytest.mark.parametrize(
+    ("method", "path", "query", "body", "loc"),
+    [pytest.param(*case[1:], id=case[0]) for case in STRING_FIELDS],
+)
+def test_nul_and_surrogates_in_every_string_field_are_a_422_naming_it(
+    client: httpx.Client,
+    probe: RowProbe,
+    kind: str,
+    method: str,
+    path: str,
+    query: dict[str, str] | None,
+    body: str | None,
+    loc: list[str | int],
+) -> None:
+    url = path.replace("<S>", _PERCENT[kind])
+    if query is not None:
+        url += "?" + "&".join(f"{k}={v.replace('<S>', _PERCENT[kind])}" for k, v in query.items())
+    content = body.replace("<S>", HOSTILE_TEXT[kind]).encode() if body is not None else None
+    before = probe.fingerprint()
+    response = client.request(
+        method, url, content=content, headers={"Content-Type": "application/json"}
+    )
+    assert probe.fingerprint() == before, f"{method} {url} wrote something"
+    assert response.status_code < 500, (method, url, response.status_code, response.text[:300])
+    if kind != "NUL" and body is None:
+        # A surrogate cannot be percent-encoded as UTF-8: its bytes arrive decoded as U+FFFD,
+        # a character like any other (a filter that matches nothing, an id that is not found).
+        return
+    assert response.status_code == 422, (method, url, response.status_code, response.text[:300])
+    assert names_a_field(response.json()), response.text[:300]
+    locs = [item["loc"] for item in response.json()["detail"]]
+    assert any(found[: len(loc)] == loc for found in locs), (loc, locs)

@@ -329,15 +329,21 @@ async def test_release_gives_back_only_the_callers_running_tasks(
     assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [mine]
     assert await claim_ids(conn, worker_id="B", groups=[(None, 1)]) == [theirs]
 
-    released = await run(conn, q.task_release, ids=[mine, theirs], worker_id="B", reason="stop")
+    released = await run(
+        conn, q.task_release, ids=[mine, theirs], attempts=[1, 1], worker_id="B", reason="stop"
+    )
     assert [r["id"] for r in released] == [theirs]
     assert (await task_row(conn, mine))["status"] == "running"
-    released = await run(conn, q.task_release, ids=[mine], worker_id="B", reason="stop")
+    released = await run(
+        conn, q.task_release, ids=[mine], attempts=[1], worker_id="B", reason="stop"
+    )
     assert released == []
     row = await task_row(conn, mine)
     assert (row["status"], row["worker_id"]) == ("running", "A")
 
-    released = await run(conn, q.task_release, ids=[mine], worker_id="A", reason="shutdown")
+    released = await run(
+        conn, q.task_release, ids=[mine], attempts=[1], worker_id="A", reason="shutdown"
+    )
     assert [r["id"] for r in released] == [mine]
     row = await task_row(conn, mine)
     # The interrupted attempt is not counted.
@@ -457,3 +463,130 @@ async def test_config_insert_is_idempotent_per_request_and_applied_version_only_
     )
     (row,) = await run(conn, q.runtime_config_convergence, version=v2)
     assert (row["alive_workers"], row["applied_workers"], row["lagging"]) == (1, 1, [])
+
+
+# --------------------------------------------------------------------------------------------
+# A cancel request is never lost to a retry, a rescue, a release, or a claim
+# --------------------------------------------------------------------------------------------
+
+
+async def test_a_retry_of_a_task_whose_cancel_was_requested_ends_it_cancelled(
+    conn: asyncpg.Connection,
+) -> None:
+    task_id = await insert_task(conn, NewTask(max_attempts=3))
+    assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
+    (row,) = await run(conn, q.task_cancel, id=task_id)
+    assert (row["status"], row["cancel_requested"]) == ("running", True)
+
+    # The attempt timed out before the heartbeat saw the cancel: its outcome is a retry.
+    assert await finish(conn, "A", [(task_id, "pending")], error="timed out") == [
+        (task_id, "cancelled")
+    ]
+    row = await task_row(conn, task_id)
+    assert (row["status"], row["attempts"], row["worker_id"]) == ("cancelled", 1, "A")
+    assert row["finished_at"] is not None and row["lease_expires_at"] is None
+    assert row["last_error"] == (
+        "cancelled: requested while attempt 1 ran, which then failed: timed out"
+    )
+    assert await claim_ids(conn, worker_id="B", groups=[(None, 5)]) == []
+
+
+async def test_a_retry_carried_by_a_claim_also_ends_cancelled(conn: asyncpg.Connection) -> None:
+    task_id = await insert_task(conn, NewTask(max_attempts=3))
+    assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
+    await run(conn, q.task_cancel, id=task_id)
+    done = await claim(conn, worker_id="A", outcomes=[(task_id, "pending")], groups=[(None, 1)])
+    assert (done.finished_ids, done.ids) == ([task_id], [])
+    assert (await task_row(conn, task_id))["status"] == "cancelled"
+
+
+async def test_a_rescued_lease_of_a_task_whose_cancel_was_requested_ends_cancelled(
+    conn: asyncpg.Connection,
+) -> None:
+    task_id = await insert_task(conn, NewTask(max_attempts=3))
+    assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
+    await run(conn, q.task_cancel, id=task_id)
+    await expire_leases(conn, [task_id])
+
+    assert of_kind(await tick(conn, "B", sweep=True), "rescued") == [(task_id, "cancelled")]
+    row = await task_row(conn, task_id)
+    assert (row["status"], row["attempts"], row["worker_id"]) == ("cancelled", 1, "A")
+    assert row["finished_at"] is not None
+    assert row["last_error"].startswith("cancelled as requested; lease expired: worker A")
+    assert await claim_ids(conn, worker_id="B", groups=[(None, 5)]) == []
+
+
+async def test_a_released_task_whose_cancel_was_requested_ends_cancelled(
+    conn: asyncpg.Connection,
+) -> None:
+    task_id = await insert_task(conn, NewTask(max_attempts=3))
+    assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
+    await run(conn, q.task_cancel, id=task_id)
+    released = await run(
+        conn, q.task_release, ids=[task_id], attempts=[1], worker_id="A", reason="shutdown"
+    )
+    assert [r["id"] for r in released] == [task_id]
+    row = await task_row(conn, task_id)
+    assert (row["status"], row["attempts"]) == ("cancelled", 1)
+    assert "cancelled" in row["last_error"]
+    assert await claim_ids(conn, worker_id="B", groups=[(None, 5)]) == []
+
+
+async def test_the_schema_refuses_a_pending_task_whose_cancel_was_requested(
+    conn: asyncpg.Connection,
+) -> None:
+    # So no path (today's or a future one) can put one back in the queue to be claimed.
+    task_id = await insert_task(conn)
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute(
+            "UPDATE taskfleet.tasks SET cancel_requested = true WHERE id = $1", task_id
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Fencing by attempt
+# --------------------------------------------------------------------------------------------
+
+
+async def test_an_earlier_attempts_outcome_cannot_finish_a_later_attempt(
+    conn: asyncpg.Connection,
+) -> None:
+    # A lost the lease of attempt 1 and claimed the task again (attempt 2): attempt 1's late
+    # outcome carries the same task id and worker id, and must change nothing.
+    task_id = await insert_task(conn, NewTask(max_attempts=3))
+    assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
+    await expire_leases(conn, [task_id])
+    assert of_kind(await tick(conn, "B", sweep=True), "rescued") == [(task_id, "pending")]
+    assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
+
+    for status in ("completed", "failed", "pending", "cancelled"):
+        assert await finish(conn, "A", [(task_id, status)], attempts=[1], error="stale") == []
+    late = await claim(conn, worker_id="A", outcomes=[(task_id, "completed")], attempts=[1])
+    assert late.finished_ids == []
+    released = await run(
+        conn, q.task_release, ids=[task_id], attempts=[1], worker_id="A", reason="stop"
+    )
+    assert released == []
+    row = await task_row(conn, task_id)
+    assert (row["status"], row["attempts"], row["worker_id"], row["result"]) == (
+        "running",
+        2,
+        "A",
+        None,
+    )
+    assert await finish(conn, "A", [(task_id, "completed")], attempts=[2]) == [
+        (task_id, "completed")
+    ]
+
+
+async def test_the_heartbeat_renews_only_the_attempt_it_holds(conn: asyncpg.Connection) -> None:
+    task_id = await insert_task(conn, NewTask(max_attempts=3))
+    assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
+    await expire_leases(conn, [task_id])
+    # Holding attempt 0 (not the one running) renews nothing: the lease stays expired.
+    await tick(conn, "A", held=[task_id], held_attempts=[0])
+    row = await task_row(conn, task_id)
+    assert row["lease_expires_at"] < await conn.fetchval("SELECT now()")
+    await tick(conn, "A", held=[task_id], held_attempts=[1])
+    row = await task_row(conn, task_id)
+    assert row["lease_expires_at"] > await conn.fetchval("SELECT now()")

@@ -98,6 +98,13 @@ _bad_versions = st.one_of(
 )
 _request_ids = st.text(max_size=40)
 _bad_request_ids = st.one_of(st.none(), st.integers(), st.booleans(), st.lists(st.text()))
+#: Text with a NUL or a lone surrogate in it somewhere.
+_unstorable_text = st.builds(
+    lambda head, bad, tail: head + bad + tail,
+    st.text(max_size=10),
+    st.sampled_from(["\x00", "\ud800", "\udfff", "\udc80"]),
+    st.text(max_size=10),
+)
 
 
 def _dumps(value: Any) -> str:
@@ -145,6 +152,19 @@ def malformed_messages(op: str, version_key: str, extra: dict[str, Any]) -> st.S
         lambda r: _dumps({"op": op, "params": {"request_id": r, version_key: 1, **extra}}),
         _bad_request_ids,
     )
+    # NUL and lone surrogates, as JSON escapes (a payload cannot carry them raw): no such id
+    # can exist in Postgres, so no such message is well formed.
+    unstorable_ids = st.builds(
+        lambda r, w: _dumps({"op": op, "params": {"request_id": r, version_key: 1, **extra, **w}}),
+        _unstorable_text,
+        st.just({}),
+    )
+    unstorable_worker_ids = st.builds(
+        lambda w: _dumps(
+            {"op": op, "params": {"request_id": "r", version_key: 1, **extra, "worker_id": w}}
+        ),
+        _unstorable_text,
+    )
     nan_literal = st.sampled_from(
         [
             f'{{"op":"{op}","params":{{"request_id":"r","{version_key}":NaN}}}}',
@@ -154,9 +174,11 @@ def malformed_messages(op: str, version_key: str, extra: dict[str, Any]) -> st.S
             f'{{"op":"{op}","params":{{"request_id":"r","{version_key}":1}},"params":[]}}',
         ]
     )
-    return st.one_of(
-        not_json, wrong_top, wrong_op, wrong_version, missing_version, wrong_request_id, nan_literal
-    )
+    kinds = [not_json, wrong_top, wrong_op, wrong_version, missing_version, wrong_request_id]
+    kinds += [nan_literal, unstorable_ids]
+    if "worker_id" in extra:
+        kinds.append(unstorable_worker_ids)
+    return st.one_of(*kinds)
 
 
 CONFIG_GARBAGE = malformed_messages("up_config", "version", {})

@@ -20,8 +20,9 @@ import asyncpg
 import httpx
 import pytest
 
-from taskfleet.api import runtime_config as runtime_config_api
+from taskfleet.api import config_stream, negotiation
 from taskfleet.shared import db
+from taskfleet.shared.policy.convergence import NO_ALIVE_WORKER
 from taskfleet.shared.registry import load_registry
 from taskfleet.shared.settings import ApiSettings, WorkerSettings
 from taskfleet.worker.worker import Worker
@@ -533,7 +534,7 @@ async def test_an_accept_header_with_no_offered_type_is_a_406_before_anything_is
 
 
 def test_accept_negotiation_prefers_the_most_specific_and_highest_quality_type() -> None:
-    negotiate = runtime_config_api.negotiate
+    negotiate = negotiation.negotiate
     assert negotiate(None) == "application/x-ndjson"
     assert negotiate("") == "application/x-ndjson"
     assert negotiate("*/*") == "application/x-ndjson"
@@ -602,7 +603,12 @@ async def test_a_timeout_names_the_lagging_worker_and_the_task_goes_on(
         events = await stream.rest()
     assert_event_order(events)
     version = events[1]["version"]
-    assert events[-1] == {"event": "timeout", "version": version, "lagging": ["fake"]}
+    assert events[-1] == {
+        "event": "timeout",
+        "version": version,
+        "lagging": ["fake"],
+        "alive_workers": 4,
+    }
 
     # The config task goes on after the stream gave up; it converges once the fake is gone.
     status = await conn.fetchval(
@@ -620,7 +626,7 @@ async def test_progress_is_repeated_as_a_heartbeat_while_nothing_changes(
     fake_worker: FakeWorker,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runtime_config_api, "PROGRESS_HEARTBEAT_SECONDS", 0.2)
+    monkeypatch.setattr(config_stream, "PROGRESS_HEARTBEAT_SECONDS", 0.2)
     async with put_stream(client, {"defaultWeight": 4}, params={"timeout": "3"}) as stream:
         events = await stream.rest()
     assert_event_order(events)
@@ -644,7 +650,13 @@ async def test_with_no_alive_worker_the_stream_says_so_and_times_out(
         "applied_workers": 0,
         "lagging": [],
     }
-    assert events[2] == {"event": "timeout", "version": None, "lagging": []}
+    assert events[2] == {
+        "event": "timeout",
+        "version": None,
+        "lagging": [],
+        "alive_workers": 0,
+        "reason": NO_ALIVE_WORKER,
+    }
     # Enqueued all the same: the first worker to come up will run it.
     assert await update_task_count(conn) == 1
 
@@ -807,6 +819,29 @@ async def test_patch_merges_into_the_latest_version(
     assert (payload["maxStrictPercentage"], payload["defaultWeight"]) == (50, 2)
 
 
+async def test_concurrent_patches_compose(
+    client: httpx.AsyncClient, fleet: list[Worker], conn: asyncpg.Connection
+) -> None:
+    # Two PATCHes at once, one field each: both fields must be in the final version. (The API
+    # merged against the version it read, so one of the two was lost in 5 rounds of 5.)
+    json_doc = {"Accept": "application/json"}
+    for round_ in range(5):
+        strict, weight = 10 + round_, 2 + round_
+        answers = await asyncio.gather(
+            client.patch("/runtime-config", json={"maxStrictPercentage": strict}, headers=json_doc),
+            client.patch("/runtime-config", json={"labelWeights": {"r": weight}}, headers=json_doc),
+        )
+        for answer in answers:
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["outcome"] in ("converged", "superseded"), answer.json()
+        payload = (await client.get("/runtime-config")).json()["payload"]
+        assert (payload["maxStrictPercentage"], payload["labelWeights"]) == (
+            strict,
+            {"r": weight},
+        ), f"round {round_}: {payload}"
+    assert await conn.fetchval("SELECT count(*) FROM taskfleet.worker_runtime_configs") == 10
+
+
 async def test_get_runtime_config_shows_the_latest_version_and_each_alive_worker(
     client: httpx.AsyncClient, fleet: list[Worker], fake_worker: FakeWorker
 ) -> None:
@@ -923,3 +958,132 @@ async def test_a_long_stream_does_not_swamp_the_http_latency_histogram(
     assert durations, "the PUT is missing from the latency histogram"
     # Recorded as time to the first event, not the 3 s the stream stayed open.
     assert durations[0] < 2.0, durations
+
+
+# --------------------------------------------------------------------------------------------
+# Cancelling a config change: refused; and the document of one cancelled earlier is honest
+
+
+async def test_the_config_update_task_cannot_be_cancelled(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    # No worker: the update task stays pending.
+    response = await client.put(
+        "/runtime-config", params={"wait": "false"}, json={"requestID": "keep-me"}
+    )
+    task_id = response.json()["task_id"]
+    refused = await client.post(f"/tasks/{task_id}/cancel")
+    assert refused.status_code == 409, refused.text
+    assert "PUT a new config" in refused.json()["detail"]
+    row = await conn.fetchrow(
+        "SELECT status, cancel_requested FROM taskfleet.tasks WHERE id = $1", task_id
+    )
+    assert (row["status"], row["cancel_requested"]) == ("pending", False)
+
+
+async def test_a_request_cancelled_before_it_wrote_a_version_says_so(
+    client: httpx.AsyncClient, fleet: list[Worker], conn: asyncpg.Connection
+) -> None:
+    async with put_stream(client, {"requestID": "first"}) as stream:
+        assert (await stream.rest())[-1]["event"] == "converged"
+    # A config task cancelled by an earlier version, before it ran.
+    task_id = await conn.fetchval(
+        "INSERT INTO taskfleet.tasks (type, payload, priority, status, finished_at,"
+        " cancel_requested, last_error) VALUES ($1, $2::jsonb, 2147483647, 'cancelled', now(),"
+        " true, 'cancelled before it started') RETURNING id",
+        UPDATE_TASK_TYPE,
+        json.dumps({"requestID": "cancelled-early", "defaultWeight": 3}),
+    )
+    doc = (await client.get("/runtime-config/requests/cancelled-early")).json()
+    assert doc["task_id"] == task_id and doc["task_status"] == "cancelled"
+    assert doc["version"] is None
+    assert doc["latest_version"] == 1  # not null: the fleet's latest is known
+    assert doc["lagging"] == []  # nobody is expected to apply a version that does not exist
+    assert doc["outcome"] == "failed"
+    assert "before it wrote a version" in doc["final"]["error"]
+
+
+async def test_a_request_cancelled_after_its_version_was_applied_reports_what_happened(
+    client: httpx.AsyncClient, fleet: list[Worker], conn: asyncpg.Connection
+) -> None:
+    async with put_stream(client, {"requestID": "applied", "defaultWeight": 4}) as stream:
+        assert (await stream.rest())[-1]["event"] == "converged"
+    # As an earlier version let a running update task be cancelled after it wrote its version.
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET status = 'cancelled', result = NULL, last_error = 'cancelled'"
+        " WHERE type = $1 AND payload ->> 'requestID' = 'applied'",
+        UPDATE_TASK_TYPE,
+    )
+    doc = (await client.get("/runtime-config/requests/applied")).json()
+    assert doc["task_status"] == "cancelled"
+    assert (doc["version"], doc["outcome"]) == (1, "converged"), doc
+
+
+# --------------------------------------------------------------------------------------------
+# A change that cannot converge ends, after a bounded time; no alive worker is not convergence
+
+
+async def test_a_change_that_cannot_converge_times_out_and_frees_the_control_slot(
+    client: httpx.AsyncClient, database_url: str, fake_worker: FakeWorker
+) -> None:
+    # The fake worker is alive and never applies anything: the update task gives up after its
+    # deadline, naming it, instead of re-notifying forever with the control slot held.
+    settings = WorkerSettings(
+        database_url=database_url,
+        worker_id="writer",
+        metrics_port=0,
+        heartbeat_interval=0.2,
+        lease_ttl=1.0,
+        poll_interval=0.2,
+        runtime_config_deadline=1.0,
+    )
+    worker = Worker(settings, load_registry([]))
+    run = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.ready.wait(), PATIENCE)
+        answer = await client.put(
+            "/runtime-config",
+            json={"requestID": "stuck", "defaultWeight": 2},
+            headers={"Accept": "application/json"},
+        )
+        doc = answer.json()
+        assert (doc["outcome"], doc["lagging"]) == ("timeout", ["fake"]), doc
+        request = (await client.get("/runtime-config/requests/stuck")).json()
+        assert (request["task_status"], request["outcome"]) == ("completed", "timeout")
+        assert request["final"]["lagging"] == ["fake"]
+        # The control slot is free: the next change runs (and converges once fake is gone).
+        await fake_worker.go_stale()
+        answer = await client.put(
+            "/runtime-config",
+            json={"requestID": "next", "defaultWeight": 3},
+            headers={"Accept": "application/json"},
+        )
+        assert answer.json()["outcome"] == "converged", answer.json()
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(run, PATIENCE)
+
+
+async def test_no_alive_worker_is_not_reported_as_converged(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    # A version written while no worker is alive (its writer died since): nobody runs it.
+    await conn.execute(
+        "INSERT INTO taskfleet.worker_runtime_configs (request_id, payload)"
+        " VALUES ('orphan', $1::jsonb)",
+        json.dumps({"requestID": "orphan", "defaultWeight": 5}),
+    )
+    doc = (await client.get("/runtime-config/requests/orphan")).json()
+    assert (doc["version"], doc["alive_workers"], doc["outcome"]) == (1, 0, None), doc
+    async with put_stream(
+        client,
+        {},
+        method="GET",
+        path="/runtime-config/requests/orphan",
+        params={"watch": "true", "timeout": "0.5"},
+    ) as stream:
+        events = await stream.rest()
+    final = events[-1]
+    assert final["event"] == "timeout", events
+    assert (final["alive_workers"], final["lagging"]) == (0, [])
+    assert "no alive worker" in final["reason"]

@@ -7,8 +7,11 @@ rows (the truth) or on what the handlers saw.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
+
+import pytest
 
 from taskfleet.shared import queries
 from tests.integration import workerkit as kit
@@ -142,3 +145,74 @@ async def test_a_pending_task_is_cancelled_at_once_and_never_runs(database_url: 
     assert row["attempts"] == 0
     assert kit.INVOCATIONS[(key, 0)] == 0
     assert kit.INVOCATIONS[(key, 1)] == 1
+
+
+async def test_an_outcome_the_database_refuses_blocks_neither_the_others_nor_the_claims(
+    database_url: str,
+) -> None:
+    # The executor makes every outcome storable before it is queued; this is the net under it:
+    # an outcome the server still refuses is split from the batch and written as a failure.
+    from taskfleet.worker.outcomes import Outcome
+
+    key = uuid.uuid4().hex
+    async with kit.connect(database_url) as conn, kit.running_worker(database_url) as worker:
+        # Not claimable (an hour away), then marked as if this worker held them.
+        bad, good = await kit.submit(
+            conn, "kit.count", [{"key": key, "i": 0}, {"key": key, "i": 1}], delay=3600
+        )
+        await conn.execute(
+            "UPDATE taskfleet.tasks SET status = 'running', worker_id = 'w1', attempts = 1,"
+            " lease_expires_at = now() + interval '1 minute' WHERE id = ANY($1::bigint[])",
+            [bad, good],
+        )
+        worker.outcomes.put(Outcome(bad, 1, "completed", result='{"text": "a\\u0000b"}'))
+        worker.outcomes.put(Outcome(good, 1, "completed", result='{"fine": true}'))
+        rows = await kit.wait_tasks(conn, [bad, good])
+        assert rows[good]["status"] == "completed"
+        assert rows[good]["result"] == {"fine": True}
+        assert rows[bad]["status"] == "failed"
+        assert "the database refused this attempt's outcome (completed)" in rows[bad]["last_error"]
+        # And the worker goes on claiming.
+        (later,) = await kit.submit(conn, "kit.count", [{"key": key, "i": 2}])
+        assert (await kit.wait_task(conn, later))["status"] == "completed"
+    assert kit.INVOCATIONS[(key, 0)] == 0 and kit.INVOCATIONS[(key, 2)] == 1
+
+
+def _task_records(caplog: pytest.LogCaptureFixture, task_id: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "task_id", None) == task_id]
+
+
+async def test_every_failed_attempt_is_logged_with_its_fields(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Failed attempts were stored in the database only: the worker logged nothing.
+    caplog.set_level(logging.DEBUG, logger="taskfleet.worker")
+    async with kit.connect(database_url) as conn, kit.running_worker(database_url):
+        retried, permanent = await kit.submit(
+            conn, "demo.fail", [{"message": "first line\nsecond line"}], max_attempts=2
+        ) + await kit.submit(
+            conn, "demo.fail", [{"message": "give up", "permanent": True}], max_attempts=5
+        )
+        await kit.wait_tasks(conn, [retried, permanent])
+
+    records = _task_records(caplog, retried)
+    attempts = [r for r in records if r.levelno >= logging.WARNING]
+    assert [(r.levelname, r.attempt, r.outcome) for r in attempts] == [
+        ("WARNING", 1, "retried"),
+        ("ERROR", 2, "failed"),
+    ]
+    first = attempts[0]
+    assert (first.task_type, first.max_attempts, first.worker_id) == ("demo.fail", 2, "w1")
+    assert first.error == "RuntimeError: first line"
+    assert first.getMessage().startswith(f"task {retried} (demo.fail) attempt 1 of 2 failed:")
+    assert "\n" not in first.getMessage()
+    assert first.retry_in_seconds >= 0
+    # The whole traceback, at DEBUG only.
+    debug = [r for r in records if r.levelno == logging.DEBUG]
+    assert len(debug) == 2 and "Traceback" in debug[0].getMessage()
+    assert "second line" in debug[0].getMessage()
+
+    (final,) = [r for r in _task_records(caplog, permanent) if r.levelno >= logging.WARNING]
+    assert (final.levelname, final.attempt, final.outcome) == ("ERROR", 1, "failed")
+    assert final.error == "PermanentError: give up"
+    assert "a permanent error" in final.getMessage()

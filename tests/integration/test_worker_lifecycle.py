@@ -11,6 +11,7 @@ from functools import partial
 
 import asyncpg
 
+from tests import pg
 from tests.integration import workerkit as kit
 
 
@@ -189,3 +190,122 @@ async def test_a_worker_whose_row_disappeared_registers_again(database_url: str)
         (task_id,) = await kit.submit(conn, "demo.echo", [{"value": 1}])
         assert (await kit.wait_task(conn, task_id))["status"] == "completed"
         assert worker.status == "running"
+
+
+async def _waits_on_a_lock(conn: asyncpg.Connection, application_name: str) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = $1 AND wait_event_type = 'Lock'",
+            application_name,
+        )
+    )
+
+
+async def test_a_drain_lets_a_claim_in_flight_finish_and_loses_nothing_it_carried(
+    database_url: str,
+) -> None:
+    # The claim statement carries the outcomes finished since the last claim. Cancelling it
+    # mid-statement (as the drain did) lost them: the finished task stayed running until its
+    # lease expired, to be run again. Made deterministic with row locks held in Postgres.
+    from taskfleet.worker.outcomes import Outcome
+
+    async with kit.connect(database_url) as conn, kit.connect(database_url) as blocker:
+        # A long poll interval: the claim loop claims only when this test wakes it.
+        worker = kit.build_worker(database_url, poll_interval=30.0, drain_timeout=10.0)
+        run = await kit.start(worker)
+        try:
+            # Two tasks this worker holds (as if claimed; their handlers never run).
+            carried, other = await kit.submit(conn, "demo.echo", [{}, {}], delay=3600)
+            await conn.execute(
+                "UPDATE taskfleet.tasks SET status = 'running', worker_id = 'w1', attempts = 1,"
+                " lease_expires_at = now() + interval '1 minute' WHERE id = ANY($1::bigint[])",
+                [carried, other],
+            )
+            async with blocker.transaction():
+                await blocker.execute(
+                    "SELECT 1 FROM taskfleet.tasks WHERE id = ANY($1::bigint[]) FOR UPDATE",
+                    [carried, other],
+                )
+                # The finish loop takes the first outcome and waits on its row...
+                worker.outcomes.put(Outcome(other, 1, "completed", result='{"n": 1}'))
+                await kit.wait_until(
+                    lambda: _waits_on_a_lock(conn, "taskfleet-worker-io"), "the finish waits"
+                )
+                # ... so the next outcome rides the next claim, which waits on its row too, and
+                # claims a task that is ready (inserted without a wake-up: only we wake it).
+                claimable = await conn.fetchval(
+                    "INSERT INTO taskfleet.tasks (type, payload, priority, max_attempts)"
+                    " VALUES ('demo.echo', '{\"value\": 3}', 5, 1) RETURNING id"
+                )
+                worker.outcomes.put(Outcome(carried, 1, "completed", result='{"n": 2}'))
+                worker.claim_loop.on_task_ready(None, control=False)
+                await kit.wait_until(
+                    lambda: _waits_on_a_lock(conn, "taskfleet-worker-claim"), "the claim waits"
+                )
+                worker.request_stop()
+                await kit.wait_until(lambda: worker.status == "draining", "draining")
+            await asyncio.wait_for(asyncio.shield(run.task), kit.DEADLINE)
+        finally:
+            await run.stop()
+        rows = await kit.task_rows(conn, [carried, other, claimable])
+        assert (rows[carried]["status"], rows[carried]["result"]) == ("completed", {"n": 2})
+        assert (rows[other]["status"], rows[other]["result"]) == ("completed", {"n": 1})
+        # What the claim took was run during the drain (or given back), not orphaned running
+        # under a worker that is gone (to fail unrun, at max_attempts=1, after its lease).
+        assert (rows[claimable]["status"], rows[claimable]["result"]) in [
+            ("completed", {"value": 3}),
+            ("pending", None),
+        ], rows[claimable]
+
+
+async def test_readiness_needs_a_claim_loop_that_makes_progress(database_url: str) -> None:
+    # /readyz was green while either connection was up. A claim stuck on a lock is not
+    # progress: the worker says so, and is ready again once the claim goes through.
+    from taskfleet.worker.outcomes import Outcome
+
+    async with kit.connect(database_url) as conn, kit.connect(database_url) as blocker:
+        worker = kit.build_worker(database_url, poll_interval=30.0)
+        async with kit.running_worker(database_url, worker=worker):
+            assert worker.not_ready_reasons() == []
+            (held,) = await kit.submit(conn, "demo.echo", [{}], delay=3600)
+            await conn.execute(
+                "UPDATE taskfleet.tasks SET status = 'running', worker_id = 'w1', attempts = 1,"
+                " lease_expires_at = now() + interval '1 minute' WHERE id = $1",
+                held,
+            )
+            async with blocker.transaction():
+                await blocker.execute(
+                    "SELECT 1 FROM taskfleet.tasks WHERE id = $1 FOR UPDATE", held
+                )
+                worker.outcomes.claim_pending = True
+                worker.outcomes.put(Outcome(held, 1, "completed", result="{}"))
+                worker.claim_loop.hint_work()
+                await kit.wait_until(
+                    lambda: _waits_on_a_lock(conn, "taskfleet-worker-claim"), "the claim waits"
+                )
+                await kit.wait_until(
+                    lambda: any("in flight" in r for r in worker.not_ready_reasons()),
+                    "readiness sees the stuck claim",
+                )
+                assert not worker.healthy
+            await kit.wait_until(lambda: worker.healthy, "ready again")
+
+
+async def test_readiness_needs_every_database_connection(database_url: str) -> None:
+    async with kit.connect(database_url) as conn, kit.running_worker(database_url) as worker:
+        assert worker.healthy
+        # The database refuses new connections and the worker's are dropped: its claims and
+        # heartbeats fail (the test's own connection stays).
+        name = str(await conn.fetchval("SELECT current_database()"))
+        async with kit.connect(pg.with_database(database_url, "postgres")) as admin:
+            await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            try:
+                await kit.terminate_worker_backends(conn)
+                await kit.wait_until(
+                    lambda: any("is failing" in r for r in worker.not_ready_reasons()),
+                    "readiness sees the failing connections",
+                )
+            finally:
+                await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        await kit.wait_until(lambda: worker.healthy, "ready again", timeout=30)

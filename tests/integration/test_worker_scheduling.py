@@ -134,7 +134,14 @@ async def test_the_strict_cap_limits_strict_tasks_and_normal_tasks_fill_the_rest
         async with kit.running_worker(database_url, worker=worker):
             assert worker.applied_version == v1
             assert worker.planner.strict_cap == 2
-            await kit.wait_until(lambda: worker.inflight == 4, "all four slots busy")
+            # A slot is taken at the claim; its handler starts a step later: wait for both.
+            await kit.wait_until(
+                lambda: (
+                    worker.inflight == 4
+                    and strict_gate.running["s"] + normal_gate.running["n"] == 4
+                ),
+                "all four slots busy",
+            )
             assert worker.strict_inflight == 2
             # Claimed is not yet running: each handler enters its gate when its coroutine runs.
             await kit.wait_until(

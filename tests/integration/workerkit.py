@@ -21,9 +21,10 @@ from typing import Any
 import asyncpg
 
 from taskfleet.shared import db, protocol, queries
+from taskfleet.shared.context import TaskContext
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
 from taskfleet.shared.policy.runtime_config import normalise_runtime_config
-from taskfleet.shared.registry import TaskParams, TaskRegistry, load_registry
+from taskfleet.shared.registry import PermanentError, TaskParams, TaskRegistry, load_registry
 from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.worker import Worker
 
@@ -134,6 +135,27 @@ async def count(params: CountParams) -> dict[str, Any]:
     return {"i": params.i}
 
 
+#: kit.nth calls per key.
+NTH_CALLS: Counter[str] = Counter()
+
+
+class NthParams(TaskParams):
+    key: str
+
+
+@test_tasks.task("kit.nth", params=NthParams)
+async def nth(params: NthParams) -> dict[str, Any]:
+    """Call n (per key) waits on gate ``f"{key}-{n}"``: each attempt of a task has a gate of its
+    own (a handler sees its payload, not its attempt: the call count stands in)."""
+    NTH_CALLS[params.key] += 1
+    n = NTH_CALLS[params.key]
+    g = _GATES[f"{params.key}-{n}"]
+    g.entered[""] += 1
+    await g.open.wait()
+    g.finished[""] += 1
+    return {"call": n}
+
+
 #: kit.thread: the thread each call ran in, per key.
 THREADS: dict[str, list[int]] = {}
 
@@ -146,6 +168,73 @@ class ThreadParams(TaskParams):
 def thread_probe(params: ThreadParams) -> dict[str, Any]:
     THREADS.setdefault(params.key, []).append(threading.get_ident())
     return {"ok": True}
+
+
+#: kit.sync_wait: threading events the test sets, per key.
+THREAD_EVENTS: dict[str, threading.Event] = {}
+#: kit.sync_wait: what each call saw: (key, cancelled by the time it returned).
+SYNC_RETURNS: list[tuple[str, bool]] = []
+
+
+def thread_event(key: str) -> threading.Event:
+    THREAD_EVENTS[key] = threading.Event()
+    return THREAD_EVENTS[key]
+
+
+class SyncWaitParams(TaskParams):
+    key: str
+    #: Stop early when the context says the attempt should stop (a cooperative handler).
+    cooperative: bool = False
+
+
+@test_tasks.task("kit.sync_wait", params=SyncWaitParams)
+def sync_wait(params: SyncWaitParams, ctx: TaskContext) -> dict[str, Any]:
+    """A plain (blocking) handler: holds its thread until the test sets its event (or, when
+    cooperative, until the attempt is cancelled or times out)."""
+    event = THREAD_EVENTS[params.key]
+    while not event.wait(0.01):
+        if params.cooperative and ctx.cancelled:
+            break
+    SYNC_RETURNS.append((params.key, ctx.cancelled))
+    return {"key": params.key}
+
+
+class ContextProbeParams(TaskParams):
+    key: str
+
+
+#: kit.context: the context each call saw, per key.
+CONTEXTS: dict[str, TaskContext] = {}
+
+
+@test_tasks.task("kit.context", params=ContextProbeParams)
+async def context_probe(params: ContextProbeParams, ctx: TaskContext) -> dict[str, Any]:
+    CONTEXTS[params.key] = ctx
+    return {"task_id": ctx.task_id, "attempt": ctx.attempt}
+
+
+class ChildParams(TaskParams):
+    #: Written with the child's pid when it starts.
+    pid_file: str
+    #: "hang" (sleeps an hour in plain code), "echo" (returns what it saw), "fail", "permanent".
+    mode: str = "echo"
+
+
+@test_tasks.task("kit.child", params=ChildParams, isolation="process")
+def child(params: ChildParams, ctx: TaskContext) -> dict[str, Any]:
+    """Runs in a child process of its own (isolation="process")."""
+    import os
+    import time
+    from pathlib import Path
+
+    Path(params.pid_file).write_text(str(os.getpid()))
+    if params.mode == "hang":
+        time.sleep(3600)
+    if params.mode == "fail":
+        raise RuntimeError("the child failed in its own words")
+    if params.mode == "permanent":
+        raise PermanentError("the child gave up for good")
+    return {"pid": os.getpid(), "attempt": ctx.attempt, "task_id": ctx.task_id}
 
 
 def make_registry() -> TaskRegistry:

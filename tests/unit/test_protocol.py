@@ -251,8 +251,12 @@ def test_parse_never_raises_on_json_shaped_payloads(
         )
 
 
+#: Ids are text Postgres stores: no NUL, no lone surrogate (those parse as Malformed).
+_ids = st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="\x00"))
+
+
 @settings(deadline=None, database=None, max_examples=200)
-@given(request_id=st.text(), version=st.integers(0, 2**63 - 1), worker_id=st.text())
+@given(request_id=_ids, version=st.integers(0, 2**63 - 1), worker_id=_ids)
 def test_builders_and_parser_round_trip(request_id: str, version: int, worker_id: str) -> None:
     assert parse(CONFIG_CHANNEL, config_updated_payload(request_id, version)) == ConfigUpdated(
         request_id, version
@@ -267,3 +271,10 @@ def test_builder_payloads_fit_in_a_notify() -> None:
     rid = "r" * 200
     assert len(config_ack_payload(rid, "w" * 200, 2**63 - 1).encode()) < 8000
     assert len(config_updated_payload(rid, 2**63 - 1).encode()) < 8000
+
+
+def test_ids_postgres_cannot_store_are_malformed() -> None:
+    for bad in ("a\x00b", "\ud800"):
+        assert isinstance(parse(CONFIG_CHANNEL, config_updated_payload(bad, 1)), Malformed)
+        assert isinstance(parse(CONFIG_ACK_CHANNEL, config_ack_payload(bad, "w", 1)), Malformed)
+        assert isinstance(parse(CONFIG_ACK_CHANNEL, config_ack_payload("r", bad, 1)), Malformed)

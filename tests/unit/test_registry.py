@@ -162,3 +162,40 @@ def test_demo_cpu_handler_is_deterministic() -> None:
     first = definition.func(params)
     assert first == definition.func(params)
     assert first["iterations"] == 1000
+
+
+def test_a_handler_may_take_its_context_as_a_second_argument() -> None:
+    from taskfleet import TaskContext
+
+    registry = TaskRegistry()
+
+    @registry.task("t.plain", params=Params)
+    def plain(params: Params) -> int:
+        return params.n
+
+    @registry.task("t.with_context", params=Params)
+    async def with_context(params: Params, ctx: TaskContext) -> int:
+        return ctx.attempt
+
+    plain_definition = registry.get("t.plain")
+    context_definition = registry.get("t.with_context")
+    assert plain_definition is not None and not plain_definition.takes_context
+    assert context_definition is not None and context_definition.takes_context
+
+    with pytest.raises(ValueError, match="optionally its TaskContext"):
+
+        @registry.task("t.three", params=Params)
+        def three(params: Params, ctx: TaskContext, extra: int) -> int:
+            return extra
+
+
+def test_process_isolation_needs_a_module_level_handler() -> None:
+    registry = TaskRegistry()
+    with pytest.raises(ValueError, match="module-level function"):
+
+        @registry.task("t.local", params=Params, isolation="process")
+        def local(params: Params) -> int:  # a function inside a function: not importable
+            return params.n
+
+    with pytest.raises(ValueError, match="isolation"):
+        registry.task("t.bad", params=Params, isolation="thread")  # type: ignore[arg-type]

@@ -399,7 +399,12 @@ def test_sub_millisecond_durations_survive_the_round_trip(text: str) -> None:
     assert restored.notify_interval == pytest.approx(config.notify_interval, rel=1e-9)
 
 
-label_strategy = st.text(min_size=1, max_size=20).filter(lambda s: bool(s.strip()))
+#: What a label can be: any text Postgres can store (no NUL, no lone surrogate).
+label_strategy = st.text(
+    alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+    min_size=1,
+    max_size=20,
+).filter(lambda s: bool(s.strip()))
 millis_strategy = st.integers(1, 3_600_000)
 
 
@@ -482,3 +487,46 @@ def test_arbitrary_bodies_either_normalise_or_raise_the_config_error(
     assert all(w >= 1 for w in config.label_weights.values())
     assert config.notify_interval > 0 and config.listen_timeout > 0
     assert config.request_id
+
+
+@pytest.mark.parametrize("text", ["a\x00b", "\x00", "a\ud800", "\udfff"])
+def test_text_postgres_cannot_store_is_refused_in_every_string_field(text: str) -> None:
+    cases = {
+        ("labels", 0): {"labels": [text], "weights": [1]},
+        ("requestID",): {"requestID": text},
+    }
+    for loc, params in cases.items():
+        with pytest.raises(RuntimeConfigError) as refused:
+            normalise_runtime_config(params)
+        assert [issue.loc for issue in refused.value.issues] == [loc]
+        assert "must not contain" in refused.value.issues[0].msg
+    with pytest.raises(RuntimeConfigError) as refused:
+        normalise_runtime_config({"labelWeights": {text: 1}})
+    (issue,) = refused.value.issues
+    # The location names the label, escaped: an error body must be encodable.
+    assert issue.loc[0] == "labelWeights" and isinstance(issue.loc[1], str)
+    issue.loc[1].encode("utf-8")
+    assert "\x00" not in issue.loc[1]
+
+
+def test_a_patch_is_merged_into_the_latest_version_when_it_is_written() -> None:
+    from taskfleet.shared.policy.runtime_config import patch_payload, resolve_update
+
+    latest = normalise_runtime_config(
+        {"maxStrictPercentage": 40, "labelWeights": {"a": 2}, "requestID": "v1"}
+    ).to_payload()
+    payload = patch_payload("v2", {"defaultWeight": 3, "requestID": "ignored-here"})
+    assert payload == {"requestID": "v2", "patch": {"defaultWeight": 3}}
+    merged = resolve_update(payload, latest=latest)
+    assert (merged.max_strict_percentage, dict(merged.label_weights)) == (40, {"a": 2})
+    assert (merged.default_weight, merged.request_id) == (3, "v2")
+    # Before any version, the defaults are the base.
+    first = resolve_update(payload, latest=None, default_max_strict_percentage=70)
+    assert (first.max_strict_percentage, first.default_weight) == (70, 3)
+    # A PUT's payload is the config itself.
+    put = normalise_runtime_config({"defaultWeight": 5, "requestID": "p"}).to_payload()
+    assert resolve_update(put, latest=latest).to_payload() == put
+    with pytest.raises(RuntimeConfigError):
+        resolve_update({"requestID": "x", "patch": {"defaultWeight": 0}}, latest=latest)
+    with pytest.raises(RuntimeConfigError):
+        resolve_update({"requestID": "x", "patch": []}, latest=latest)

@@ -1,0 +1,82 @@
+"""How a handler is called: async handlers on the event loop, plain (blocking) ones in the
+worker's own thread pool, ``isolation="process"`` ones in a child process.
+
+The pool has a thread for every slot (plus the control slot), so every slot can run a blocking
+handler at once. A thread cannot be stopped: a blocking handler past its timeout (or cancelled)
+is recorded as such at once, but its thread goes on until the handler returns, and its attempt
+keeps its slot until then (``Running.thread``), so the worker never runs more than its
+concurrency. For code that must be stopped, ``isolation="process"`` runs the attempt in a child
+process that is killed at the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pydantic import ValidationError
+
+from taskfleet.shared.context import TaskContext
+from taskfleet.shared.registry import PermanentError, TaskDefinition
+from taskfleet.worker.isolation import run_in_child
+from taskfleet.worker.slots import Running
+
+
+class AttemptTimeout(Exception):
+    """The attempt ran past the task's ``timeout_seconds``."""
+
+
+class HandlerRunner:
+    def __init__(self, threads: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="taskfleet-handler")
+
+    async def call(
+        self,
+        definition: TaskDefinition,
+        payload: Any,
+        running: Running,
+        context: TaskContext | None,
+    ) -> Any:
+        """Run the handler once; its result. Raises what the handler raised, PermanentError for
+        a payload its model refuses, or AttemptTimeout."""
+        try:
+            params = definition.validate(payload)
+        except ValidationError as exc:
+            raise PermanentError(f"invalid payload: {exc}") from exc
+        timeout = running.timeout
+        if definition.isolation == "process":
+            assert context is not None
+            try:
+                return await run_in_child(definition, payload, context, timeout)
+            except TimeoutError:
+                raise AttemptTimeout(_timed_out(timeout)) from None
+        args = (params, context) if definition.takes_context else (params,)
+        if timeout is None and definition.is_async:
+            return await definition.func(*args)  # the common case, without a timeout scope
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                if definition.is_async:
+                    return await definition.func(*args)
+                loop = asyncio.get_running_loop()
+                running.thread = loop.run_in_executor(self._pool, _call, definition, args)
+                # Shielded: a timeout or cancel ends the wait, never the thread.
+                return await asyncio.shield(running.thread)
+        except TimeoutError:
+            if scope.expired():
+                if context is not None:
+                    context.cancellation.set("timeout")
+                raise AttemptTimeout(_timed_out(timeout)) from None
+            raise
+
+    def shutdown(self) -> None:
+        """No new work; threads still running are left to finish (or to die with the process)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _call(definition: TaskDefinition, args: tuple[Any, ...]) -> Any:
+    return definition.func(*args)
+
+
+def _timed_out(timeout: float | None) -> str:
+    return f"timed out after {timeout:g}s (the task's timeout_seconds)"

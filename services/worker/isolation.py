@@ -1,0 +1,88 @@
+"""Running one attempt in a child process (``@task(..., isolation="process")``).
+
+The only honest timeout for CPU-bound or hung Python code: a thread cannot be stopped, a process
+can. The child is a fresh interpreter (``python -m taskfleet.worker.isolated_child``) that
+imports the handler by its module path, reads the request (payload and context) as JSON on its
+stdin, and writes one JSON answer on its stdout; whatever the handler prints goes to stderr, the
+worker's log. At the timeout, on a cancel or at shutdown the child is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from typing import Any
+
+from taskfleet.shared.context import TaskContext
+from taskfleet.shared.registry import TaskDefinition
+
+CHILD_MODULE = "taskfleet.worker.isolated_child"
+
+
+class ChildFailed(Exception):
+    """The handler raised in the child (the message is its traceback), or the child died."""
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+def request(definition: TaskDefinition, payload: Any, context: TaskContext) -> bytes:
+    """The child's stdin: which handler and parameter model, the payload, the context."""
+    return json.dumps(
+        {
+            "handler": [definition.func.__module__, definition.func.__qualname__],
+            "params": [definition.params.__module__, definition.params.__qualname__],
+            "takes_context": definition.takes_context,
+            "payload": payload,
+            "sys_path": sys.path,
+            "context": {
+                "task_id": context.task_id,
+                "type": context.type,
+                "attempt": context.attempt,
+                "max_attempts": context.max_attempts,
+                "labels": list(context.labels),
+                "worker_id": context.worker_id,
+                "deadline": context.deadline.isoformat() if context.deadline else None,
+                "time_left": context.time_left(),
+            },
+        }
+    ).encode()
+
+
+async def run_in_child(
+    definition: TaskDefinition, payload: Any, context: TaskContext, timeout: float | None
+) -> Any:
+    """Run the handler on ``payload`` in a child process; its (JSON) result. Raises
+    :class:`ChildFailed`, or ``TimeoutError`` after ``timeout`` seconds (the child killed)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        CHILD_MODULE,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            out, _ = await proc.communicate(request(definition, payload, context))
+    except BaseException:
+        # Timeout, cancel or shutdown: the code stops here, with the process.
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await asyncio.shield(proc.wait())
+        raise
+    try:
+        answer = json.loads(out)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise ChildFailed(
+            f"the handler's process exited with code {proc.returncode} without an answer "
+            "(killed, crashed, or it exited itself)",
+            permanent=False,
+        )
+    if answer.get("ok"):
+        return answer.get("result")
+    raise ChildFailed(str(answer.get("error")), permanent=bool(answer.get("permanent")))

@@ -1,0 +1,231 @@
+"""Writing finished attempts: the outcome queue and the finish loop.
+
+A finished attempt becomes an :class:`Outcome` in the queue. Outcomes ride along with the next
+claim when the claim loop is about to claim anyway (one round trip for both); otherwise the finish
+loop writes everything queued in one statement. Nothing is dropped: a failed write puts the batch
+back and is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from taskfleet.shared import queries
+from taskfleet.shared.policy.backoff import LoopBackoff
+from taskfleet.shared.schema import TaskStatus
+from taskfleet.shared.storable import escape_text
+from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line, rejected_statement
+
+log = logging.getLogger("taskfleet.worker")
+
+#: The status of a drain release: given back to pending, the attempt not counted.
+RELEASED = "released"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished attempt waiting to be written."""
+
+    id: int
+    #: The attempt this is the outcome of: the write is fenced by it.
+    attempt: int
+    status: str  # completed | failed | cancelled | pending (retry) | released (drain)
+    result: str | None = None
+    error: str | None = None
+    retry_in: float = 0.0
+    #: A statement carrying it was refused: write it on its own, never with a claim.
+    alone: bool = False
+
+
+def finish_params(outcomes: list[Outcome]) -> dict[str, list[Any]]:
+    """The ``fin_*`` parameters of ``task_finish_batch`` and ``task_claim``."""
+    return {
+        "fin_ids": [o.id for o in outcomes],
+        "fin_attempts": [o.attempt for o in outcomes],
+        "fin_statuses": [o.status for o in outcomes],
+        "fin_results": [o.result for o in outcomes],
+        "fin_errors": [o.error for o in outcomes],
+        "fin_retry_in": [o.retry_in for o in outcomes],
+    }
+
+
+class OutcomeWriter:
+    """The queue of outcomes and the loop that writes them."""
+
+    def __init__(
+        self, database: Database, worker_id: str, *, on_retry_written: Callable[[], None]
+    ) -> None:
+        self._db = database
+        self._worker_id = worker_id
+        self._on_retry_written = on_retry_written
+        self._queue: list[Outcome] = []
+        self._event = asyncio.Event()
+        #: A batch is being written by the finish loop (drain waits for it).
+        self._flushing = False
+        #: True while the claim loop will claim soon (outcomes can ride along with the claim).
+        self.claim_pending = True
+        self._stopping = False
+
+    # ---------------------------------------------------------------- the queue
+
+    def put(self, outcome: Outcome) -> None:
+        self._queue.append(outcome)
+        self._event.set()
+
+    def put_back(self, outcomes: list[Outcome], *, refused: bool = False) -> None:
+        """Outcomes a failed statement carried: first in line again, never dropped. ``refused``:
+        the server refused the statement itself, so one of them may be at fault; the finish
+        loop writes them one by one, apart from the claims."""
+        if refused:
+            outcomes = [replace(o, alone=True) for o in outcomes]
+            self._event.set()
+        self._queue[:0] = outcomes
+
+    def take_for_claim(self) -> list[Outcome]:
+        """Outcomes to write with the next claim (drain releases go by ``task_release``)."""
+        taken = [o for o in self._queue if o.status != RELEASED and not o.alone]
+        if taken:
+            self._queue = [o for o in self._queue if o.status == RELEASED or o.alone]
+        return taken
+
+    def claim_waiting(self) -> None:
+        """The claim loop is about to wait: what it would have carried goes out on its own."""
+        self.claim_pending = False
+        if self._queue:
+            self._event.set()
+
+    def held(self) -> list[tuple[int, int]]:
+        """(task id, attempt) finished here whose outcome is not written yet (the lease stays
+        ours)."""
+        return [(o.id, o.attempt) for o in self._queue]
+
+    @property
+    def busy(self) -> bool:
+        """Outcomes queued or being written."""
+        return bool(self._queue) or self._flushing
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def stopping(self) -> None:
+        """Shutdown: write at once, no more waiting for a claim to carry them."""
+        self._stopping = True
+        self._event.set()
+
+    def kick(self) -> None:
+        self._event.set()
+
+    # ---------------------------------------------------------------- writing
+
+    async def run(self) -> None:
+        retry = LoopBackoff(base=0.05, cap=2.0)
+        while True:
+            await self._event.wait()
+            self._event.clear()
+            alone = any(o.alone for o in self._queue)
+            if not self._queue or (self.claim_pending and not self._stopping and not alone):
+                # The claim loop is about to claim: the outcomes ride along in that statement.
+                continue
+            batch, self._queue = self._queue, []
+            self._flushing = True
+            try:
+                if alone:
+                    await self._write_one_by_one(batch)
+                else:
+                    await self._write(batch)
+                retry.reset()
+            except DATABASE_ERRORS as exc:
+                if rejected_statement(exc):
+                    # One outcome the server refuses must never block the others: split.
+                    self._queue[:0] = [replace(o, alone=True) for o in batch]
+                    self._event.set()
+                    continue
+                # Never drop an outcome: put it back and try again.
+                self._queue[:0] = batch
+                delay = retry.next()
+                log.warning(
+                    "writing %d outcome(s) failed (%s); retrying in %.2fs",
+                    len(batch),
+                    first_line(exc),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                self._event.set()
+            finally:
+                self._flushing = False
+
+    async def _write_one_by_one(self, batch: list[Outcome]) -> None:
+        """Each outcome in a statement of its own; one the server refuses is written as a
+        failure saying why, so the task ends and its slot's lease is not held for nothing."""
+        for index, outcome in enumerate(batch):
+            try:
+                try:
+                    await self._write([replace(outcome, alone=False)])
+                except DATABASE_ERRORS as exc:
+                    if not rejected_statement(exc):
+                        raise
+                    log.error(
+                        "task %d: the database refused its outcome %s (%s); failing it",
+                        outcome.id,
+                        outcome.status,
+                        exc,
+                    )
+                    try:
+                        await self._write([refused_outcome(outcome, exc)])
+                    except DATABASE_ERRORS as again:
+                        if not rejected_statement(again):
+                            raise
+                        # Nothing more to try: the lease expires and the sweep ends it.
+                        log.error("task %d: the failure was refused too (%s)", outcome.id, again)
+            except BaseException:
+                self._queue[:0] = batch[index:]
+                raise
+
+    async def _write(self, batch: list[Outcome]) -> None:
+        finished = [o for o in batch if o.status != RELEASED]
+        released = [o for o in batch if o.status == RELEASED]
+        if finished:
+            rows = await self._db.fetch(
+                queries.task_finish_batch, **finish_params(finished), worker_id=self._worker_id
+            )
+            report_lost(finished, [r["id"] for r in rows])
+            if any(o.status == TaskStatus.PENDING.value for o in finished):
+                self._on_retry_written()
+        if released:
+            rows = await self._db.fetch(
+                queries.task_release,
+                ids=[o.id for o in released],
+                attempts=[o.attempt for o in released],
+                worker_id=self._worker_id,
+                reason="interrupted by worker shutdown; returned to pending",
+            )
+            report_lost(released, [r["id"] for r in rows])
+
+
+def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
+    """What is written instead of an outcome the database refused: a failure, with the reason."""
+    sqlstate = getattr(exc, "sqlstate", None) or "?"
+    first_line = escape_text(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__
+    return Outcome(
+        outcome.id,
+        outcome.attempt,
+        TaskStatus.FAILED.value,
+        error=f"the database refused this attempt's outcome ({outcome.status}): "
+        f"SQLSTATE {sqlstate}: {first_line}",
+    )
+
+
+def report_lost(written: list[Outcome], written_ids: list[int]) -> None:
+    """Log the outcomes a statement did not write: the lease had moved on."""
+    done = set(written_ids)
+    for outcome in written:
+        if outcome.id not in done:
+            log.warning(
+                "task %d: outcome %s not written: this worker no longer holds its lease",
+                outcome.id,
+                outcome.status,
+            )

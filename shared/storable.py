@@ -1,0 +1,79 @@
+"""What Postgres can store: one home for the rules on text and JSON values.
+
+Postgres ``text`` cannot hold NUL, and ``jsonb`` refuses the escape ``\\u0000``; neither can
+hold a lone UTF-16 surrogate (it has no UTF-8 encoding). The API refuses such input with a 422
+naming the field; the worker makes what a handler returns or raises storable before it is
+queued, so no outcome can ever be refused by the database. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+NUL = "\x00"
+
+
+def text_problem(value: str) -> str | None:
+    """What in ``value`` Postgres text cannot hold (``"a NUL character (\\u0000)"`` or
+    ``"an unpaired surrogate"``), or None when it can be stored. Callers phrase the rule:
+    ``f"must not contain {problem}"``."""
+    if NUL in value:
+        return "a NUL character (\\u0000)"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "an unpaired surrogate"
+    return None
+
+
+def escape_text(value: str) -> str:
+    """``value`` with every NUL written as ``\\x00`` and every lone surrogate as ``\\udXXX``:
+    storable, and still readable."""
+    if NUL in value:
+        value = value.replace(NUL, "\\x00")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def cap_text(value: str, limit: int, *, head: int = 1000) -> str:
+    """At most about ``limit`` characters: the first ``head`` and the last ones, with a note
+    saying how much was cut between them."""
+    if len(value) <= limit:
+        return value
+    tail = max(0, limit - head)
+    cut = len(value) - head - tail
+    return f"{value[:head]}\n[... {cut} characters cut ...]\n{value[len(value) - tail :]}"
+
+
+def _path(parent: str, key: object) -> str:
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    text = str(key)
+    if text.isidentifier():
+        return f"{parent}.{text}"
+    return f"{parent}[{escape_text(json.dumps(text, ensure_ascii=False))}]"
+
+
+def json_problem(value: Any, path: str = "$") -> str | None:
+    """The first place in a JSON-able ``value`` (dicts, lists, strings, numbers) holding what
+    Postgres cannot store, as ``"$.a[0] contains ..."``, or None. Iterative: depth costs no
+    stack."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem is not None:
+                return f"{where} contains {problem}"
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                if isinstance(key, str) and (problem := text_problem(key)) is not None:
+                    return f"the key {_path(where, key)} contains {problem}"
+                stack.append((child, _path(where, key)))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, _path(where, i)) for i, child in reversed(list(enumerate(item))))
+    return None

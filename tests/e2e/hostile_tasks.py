@@ -1,0 +1,92 @@
+"""Handlers that behave as user code does on a bad day, for end-to-end tests.
+
+The fleet's processes load them with ``TASKFLEET_TASK_MODULES=tests.e2e.hostile_tasks`` (the API
+too, so that it accepts their payloads). Nothing here sleeps for a fixed time to make a point:
+a blocking handler waits on something the test controls (a barrier, a file) with a bound.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from taskfleet.shared.registry import TaskParams, task
+
+HOSTILE_MODULE_ENV = {"TASKFLEET_TASK_MODULES": "tests.e2e.hostile_tasks"}
+
+PoisonKind = Literal[
+    "nul", "surrogate", "nul_key", "nul_error", "surrogate_error", "unencodable", "nan", "huge"
+]
+
+
+class PoisonParams(TaskParams):
+    kind: PoisonKind
+
+
+@task("hostile.poison", params=PoisonParams)
+async def poison(params: PoisonParams) -> Any:
+    """Returns or raises something Postgres cannot store as it is."""
+    kind = params.kind
+    if kind == "nul":
+        return {"text": "a\x00b"}
+    if kind == "surrogate":
+        return {"text": "a\ud800b"}
+    if kind == "nul_key":
+        return {"k\x00": 1}
+    if kind == "nul_error":
+        raise RuntimeError("bad \x00 byte in the handler's own words")
+    if kind == "surrogate_error":
+        raise RuntimeError("lone \udc80 surrogate in the handler's own words")
+    if kind == "unencodable":
+        return {"object": object()}
+    if kind == "nan":
+        return {"value": math.nan}
+    # huge: a 64 MiB result.
+    return {"blob": "x" * (64 << 20)}
+
+
+class BarrierParams(TaskParams):
+    parties: int = Field(ge=1, le=1000)
+    #: Bound on the wait: a handler that never meets the others fails instead of hanging.
+    timeout: float = Field(default=60.0, gt=0)
+
+
+_BARRIERS: dict[int, threading.Barrier] = {}
+_BARRIERS_LOCK = threading.Lock()
+
+
+@task("hostile.barrier", params=BarrierParams)
+def barrier(params: BarrierParams) -> dict[str, Any]:
+    """A plain (blocking) handler that returns only once ``parties`` of its kind are running at
+    the same time in this process: proof that they all had a thread at once."""
+    with _BARRIERS_LOCK:
+        shared = _BARRIERS.setdefault(params.parties, threading.Barrier(params.parties))
+    shared.wait(params.timeout)  # BrokenBarrierError when they were not all running at once
+    return {"thread": threading.get_ident(), "pid": os.getpid()}
+
+
+class BlockFileParams(TaskParams):
+    #: The handler blocks until this file exists (the test creates it), at most ``timeout``.
+    path: str
+    timeout: float = Field(default=120.0, gt=0)
+    #: Written when the handler starts (so the test knows it runs), if given.
+    started: str | None = None
+
+
+@task("hostile.block_file", params=BlockFileParams)
+def block_file(params: BlockFileParams) -> dict[str, Any]:
+    """A plain handler that blocks its thread, deaf to cancellation, until a file appears."""
+    if params.started:
+        Path(params.started).write_text(str(os.getpid()))
+    deadline = time.monotonic() + params.timeout
+    while not Path(params.path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{params.path} did not appear")
+        time.sleep(0.01)
+    return {"pid": os.getpid()}

@@ -1,0 +1,149 @@
+"""User code on a bad day, against real processes: whatever a handler returns or raises, the
+attempt ends with a readable outcome and the worker goes on claiming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.fleet import Fleet, eventually, task_rows, wait_tasks_terminal
+from tests.e2e.hostile_tasks import HOSTILE_MODULE_ENV
+
+#: kind -> (attempts it ends with, at max_attempts=2; words its last_error must contain)
+POISON = {
+    "nul": (1, ["result cannot be stored", "$.text", "NUL"]),
+    "surrogate": (1, ["result cannot be stored", "$.text", "surrogate"]),
+    "nul_key": (1, ["result cannot be stored", "NUL"]),
+    "nul_error": (2, ["RuntimeError: bad \\x00 byte in the handler's own words"]),
+    "surrogate_error": (2, ["RuntimeError: lone \\udc80 surrogate in the handler's own words"]),
+    "unencodable": (1, ["result is not JSON-serialisable"]),
+    "nan": (1, ["result is not JSON-serialisable"]),
+    "huge": (1, ["result is larger than 1 MiB"]),
+}
+
+
+async def _submit(client: httpx.AsyncClient, body: dict[str, object]) -> int:
+    response = await client.post("/tasks", json=body)
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+async def test_every_poison_outcome_fails_readably_and_the_next_task_runs(
+    database_url: str,
+) -> None:
+    async with Fleet(
+        database_url, env={**HOSTILE_MODULE_ENV, "TASKFLEET_RETRY_BASE": "0.01"}
+    ) as fleet:
+        await fleet.start_api()
+        worker = await fleet.start_worker("w1", concurrency=2)
+        conn = await fleet.connect()
+        try:
+            async with fleet.client() as client:
+                for kind, (attempts, words) in POISON.items():
+                    poison_id = await _submit(
+                        client,
+                        {"type": "hostile.poison", "payload": {"kind": kind}, "max_attempts": 2},
+                    )
+                    rows = await wait_tasks_terminal(conn, [poison_id], timeout=30)
+                    row = rows[poison_id]
+                    assert row["status"] == "failed", (kind, row)
+                    assert row["attempts"] == attempts, (kind, row)
+                    assert row["result"] is None, kind
+                    for word in words:
+                        assert word in row["last_error"], (kind, word, row["last_error"])
+                    # The same worker goes on: a plain task submitted after it runs.
+                    plain_id = await _submit(
+                        client, {"type": "demo.echo", "payload": {"value": kind}}
+                    )
+                    plain = (await wait_tasks_terminal(conn, [plain_id], timeout=30))[plain_id]
+                    assert plain["status"] == "completed", (kind, plain)
+                    assert plain["result"] == {"value": kind}
+                    assert plain["worker_id"] == "w1"
+
+            async def ready() -> bool:
+                async with httpx.AsyncClient(timeout=2.0) as http:
+                    return (await http.get(f"{worker.url}/readyz")).status_code == 200
+
+            await eventually(ready, timeout=10)
+            assert not await conn.fetchval(
+                "SELECT count(*) FROM taskfleet.tasks WHERE status = 'running'"
+            )
+            assert all(
+                r["status"] != "running" for r in (await task_rows(conn, [poison_id])).values()
+            )
+        finally:
+            await conn.close()
+
+
+async def test_ten_blocking_handlers_run_at_once_on_ten_slots(database_url: str) -> None:
+    # Each returns only when all ten are in their threads at the same time (a barrier): with
+    # a shared pool smaller than the slots, some waited for a thread while counted as running.
+    async with Fleet(database_url, env=HOSTILE_MODULE_ENV) as fleet:
+        await fleet.start_api()
+        await fleet.start_worker("w1", concurrency=10)
+        conn = await fleet.connect()
+        try:
+            async with fleet.client() as client:
+                body = {
+                    "tasks": [
+                        {
+                            "type": "hostile.barrier",
+                            "payload": {"parties": 10, "timeout": 30},
+                            "max_attempts": 1,
+                        }
+                    ]
+                    * 10
+                }
+                created = await client.post("/tasks/batch", json=body)
+                assert created.status_code == 201, created.text
+                ids = [t["id"] for t in created.json()["tasks"]]
+            rows = await wait_tasks_terminal(conn, ids, timeout=60)
+            statuses = [rows[i]["status"] for i in ids]
+            assert statuses == ["completed"] * 10, [rows[i]["last_error"] for i in ids]
+            assert len({rows[i]["result"]["thread"] for i in ids}) == 10
+        finally:
+            await conn.close()
+
+
+async def test_sigterm_with_a_blocking_handler_exits_and_does_not_give_the_task_back(
+    database_url: str, tmp_path: Path
+) -> None:
+    started, release = tmp_path / "started", tmp_path / "release"
+    env = {**HOSTILE_MODULE_ENV, "TASKFLEET_DRAIN_TIMEOUT": "1"}
+    async with Fleet(database_url, env=env) as fleet:
+        await fleet.start_api()
+        w1 = await fleet.start_worker("w1", concurrency=2)
+        conn = await fleet.connect()
+        try:
+            async with fleet.client() as client:
+                task_id = await _submit(
+                    client,
+                    {
+                        "type": "hostile.block_file",
+                        "payload": {"path": str(release), "started": str(started)},
+                        "max_attempts": 3,
+                    },
+                )
+            await eventually(lambda: _exists(started), timeout=30)
+            w1.signal(signal.SIGTERM)
+            # The process exits (its handler thread dies with it) ...
+            assert await asyncio.to_thread(w1.wait, 30) == 0, w1.log()[-3000:]
+            # ... without giving back a task whose code was still running.
+            row = (await task_rows(conn, [task_id]))[task_id]
+            assert (row["status"], row["worker_id"]) == ("running", "w1"), row
+            assert "not given back" in w1.log()
+            # Once its lease expires it is rescued and runs again elsewhere.
+            release.write_text("go")
+            await fleet.start_worker("w2", concurrency=2)
+            done = (await wait_tasks_terminal(conn, [task_id], timeout=60))[task_id]
+            assert (done["status"], done["worker_id"], done["attempts"]) == ("completed", "w2", 2)
+        finally:
+            await conn.close()
+
+
+async def _exists(path: Path) -> bool:
+    return await asyncio.to_thread(path.exists)
