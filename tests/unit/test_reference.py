@@ -198,12 +198,13 @@ def test_runtime_config_fields_are_documented() -> None:
 
 
 def test_config_events_are_documented() -> None:
-    from taskfleet.api import runtime_config
+    from taskfleet.api.config_stream import FINAL_EVENTS
+    from taskfleet.api.negotiation import OFFERED
 
     text = section("config-events")
-    for event in ["enqueued", "version", "progress", *sorted(runtime_config.FINAL_EVENTS)]:
+    for event in ["enqueued", "version", "progress", *sorted(FINAL_EVENTS)]:
         assert f"`{event}`" in text, event
-    for media_type in runtime_config.OFFERED:
+    for media_type in OFFERED:
         assert media_type in text, media_type
 
 
