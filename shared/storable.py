@@ -11,7 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 NUL = "\x00"
+#: The largest result a task may store (its JSON text, UTF-8).
+MAX_RESULT_BYTES = 1 << 20
 
 
 def text_problem(value: str) -> str | None:
@@ -77,3 +81,37 @@ def json_problem(value: Any, path: str = "$") -> str | None:
         elif isinstance(item, list | tuple):
             stack.extend((child, _path(where, i)) for i, child in reversed(list(enumerate(item))))
     return None
+
+
+class UnstorableResult(Exception):
+    """A handler's result that cannot be stored; the message says why, for ``last_error``."""
+
+
+def encode_result(result: Any) -> str:
+    """The JSON text to store for a handler's result; :class:`UnstorableResult` when Postgres
+    could not store it (not JSON, NaN or Infinity, NUL or a lone surrogate, over 1 MiB).
+
+    Such a result fails its attempt for good, with the reason: the handler would return the same
+    again, and a stored result that differs from what the handler returned would be worse."""
+    try:
+        encoded = json.dumps(
+            result,
+            default=to_jsonable_python,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError) as exc:
+        raise UnstorableResult(f"result is not JSON-serialisable: {exc}") from None
+    try:
+        size = len(encoded.encode("utf-8"))
+        suspect = "\\u0000" in encoded  # jsonb refuses the escaped NUL
+    except UnicodeEncodeError:
+        size, suspect = len(encoded), True
+    if suspect and (problem := json_problem(json.loads(encoded))) is not None:
+        raise UnstorableResult(
+            f"result cannot be stored: {problem}, which Postgres cannot store"
+        ) from None
+    if size > MAX_RESULT_BYTES:
+        raise UnstorableResult("result is larger than 1 MiB")
+    return encoded

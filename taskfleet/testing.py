@@ -27,16 +27,18 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
-from pydantic_core import to_jsonable_python
 
 from taskfleet.errors import InvalidRequest
-from taskfleet.shared.registry import PermanentError, TaskRegistry, load_registry
+from taskfleet.shared.context import make_context
+from taskfleet.shared.registry import TaskRegistry, load_registry
+from taskfleet.shared.storable import encode_result
 from taskfleet.shared.submission import pydantic_errors
 
 __all__ = [
@@ -58,14 +60,25 @@ async def run_task_async(
     *,
     timeout: float | None = None,
     registry: TaskRegistry | None = None,
+    task_id: int = 1,
+    attempt: int = 1,
+    max_attempts: int = 3,
+    labels: Sequence[str] = (),
+    worker_id: str = "taskfleet-testing",
 ) -> Any:
     """Run the handler of ``type`` on ``payload`` in this event loop and return its result as
     it would be stored (JSON, decoded again).
 
+    A handler that takes a second argument gets a real :class:`~taskfleet.TaskContext` built
+    from ``task_id``, ``attempt``, ``max_attempts``, ``labels``, ``worker_id`` and ``timeout``
+    (its deadline); the timeout also sets its cancellation signal, as a worker's does.
+
     Raises :class:`~taskfleet.errors.InvalidRequest` for a payload the API would refuse,
-    ``LookupError`` for a type with no handler, ``TimeoutError`` past ``timeout`` seconds, and
-    whatever the handler raises (``PermanentError`` included). ``registry``: default, the
-    handlers this process has registered (import your tasks module first) and the demo ones.
+    ``LookupError`` for a type with no handler, ``TimeoutError`` past ``timeout`` seconds,
+    :class:`~taskfleet.shared.storable.UnstorableResult` for a result a worker could not store
+    (not JSON, NaN, NUL or a lone surrogate, over 1 MiB: the task would fail), and whatever the
+    handler raises (``PermanentError`` included). ``registry``: default, the handlers this
+    process has registered (import your tasks module first) and the demo ones.
     """
     handlers = registry if registry is not None else load_registry(())
     definition = handlers.get(type)
@@ -76,22 +89,33 @@ async def run_task_async(
     except ValidationError as exc:
         errors = pydantic_errors(exc.errors(), ("payload",))
         raise InvalidRequest(422, errors[0]["msg"], field="payload", errors=errors) from None
+    context = make_context(
+        task_id=task_id,
+        type=type,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        labels=labels,
+        worker_id=worker_id,
+        timeout=timeout,
+        now=datetime.now(UTC),
+    )
+    args = (params, context) if definition.takes_context else (params,)
 
     async def call() -> Any:
         if definition.is_async:
-            return await definition.func(params)
-        return await asyncio.to_thread(definition.func, params)
+            return await definition.func(*args)
+        return await asyncio.to_thread(definition.func, *args)
 
     if timeout is None:
         result = await call()
     else:
-        async with asyncio.timeout(timeout):
-            result = await call()
-    try:
-        stored = json.dumps(result, default=to_jsonable_python)
-    except (TypeError, ValueError) as exc:
-        raise PermanentError(f"result is not JSON-serialisable: {exc}") from exc
-    return json.loads(stored)
+        try:
+            async with asyncio.timeout(timeout):
+                result = await call()
+        except TimeoutError:
+            context.cancellation.set("timeout")
+            raise
+    return json.loads(encode_result(result))
 
 
 def run_task(
@@ -100,9 +124,26 @@ def run_task(
     *,
     timeout: float | None = None,
     registry: TaskRegistry | None = None,
+    task_id: int = 1,
+    attempt: int = 1,
+    max_attempts: int = 3,
+    labels: Sequence[str] = (),
+    worker_id: str = "taskfleet-testing",
 ) -> Any:
     """:func:`run_task_async` for code that is not in an event loop (a plain test function)."""
-    return asyncio.run(run_task_async(type, payload, timeout=timeout, registry=registry))
+    return asyncio.run(
+        run_task_async(
+            type,
+            payload,
+            timeout=timeout,
+            registry=registry,
+            task_id=task_id,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            labels=labels,
+            worker_id=worker_id,
+        )
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ happened mapped to an :class:`Outcome` (retry rules applied) and queued for the 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import traceback
@@ -13,15 +12,13 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic_core import to_jsonable_python
-
 from taskfleet.shared.context import make_context
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, Lane
 from taskfleet.shared.registry import PermanentError, TaskRegistry
 from taskfleet.shared.schema import TaskStatus
-from taskfleet.shared.storable import cap_text, escape_text, json_problem
+from taskfleet.shared.storable import UnstorableResult, cap_text, encode_result, escape_text
 from taskfleet.worker.database import first_line
 from taskfleet.worker.invocation import AttemptTimeout, HandlerRunner
 from taskfleet.worker.isolation import ChildFailed
@@ -31,44 +28,9 @@ from taskfleet.worker.slots import Running, Slots
 log = logging.getLogger("taskfleet.worker")
 
 MAX_ERROR_CHARS = 8000
-MAX_RESULT_BYTES = 1 << 20
 
 #: Runs the control-lane task (the runtime-config writer): (task id, payload) -> result.
 ControlRunner = Callable[[int, Any], Awaitable[Any]]
-
-
-class UnstorableResult(Exception):
-    """A handler's result that cannot be stored; the message says why, for ``last_error``."""
-
-
-def encode_result(result: Any) -> str:
-    """The JSON text to store for a handler's result; :class:`UnstorableResult` when Postgres
-    could not store it (not JSON, NaN or Infinity, NUL or a lone surrogate, over 1 MiB).
-
-    Such a result fails its attempt for good, with the reason: the handler would return the same
-    again, and a stored result that differs from what the handler returned would be worse."""
-    try:
-        encoded = json.dumps(
-            result,
-            default=to_jsonable_python,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-        )
-    except (TypeError, ValueError) as exc:
-        raise UnstorableResult(f"result is not JSON-serialisable: {exc}") from None
-    try:
-        size = len(encoded.encode("utf-8"))
-        suspect = "\\u0000" in encoded  # jsonb refuses the escaped NUL
-    except UnicodeEncodeError:
-        size, suspect = len(encoded), True
-    if suspect and (problem := json_problem(json.loads(encoded))) is not None:
-        raise UnstorableResult(
-            f"result cannot be stored: {problem}, which Postgres cannot store"
-        ) from None
-    if size > MAX_RESULT_BYTES:
-        raise UnstorableResult("result is larger than 1 MiB")
-    return encoded
 
 
 def storable_error(message: str) -> str:

@@ -9,10 +9,11 @@ import asyncpg
 import pytest
 from pydantic import BaseModel
 
-from taskfleet import PermanentError, TaskParams
+from taskfleet import PermanentError, TaskContext, TaskParams
 from taskfleet.errors import InvalidRequest
 from taskfleet.shared.db import asyncpg_dsn
 from taskfleet.shared.registry import TaskRegistry
+from taskfleet.shared.storable import UnstorableResult
 from taskfleet.testing import disposable_database, run_task, run_task_async
 
 registry = TaskRegistry()
@@ -46,6 +47,25 @@ async def slow(params: Greet) -> None:
     await asyncio.Event().wait()
 
 
+@registry.task("test.nul", params=Greet)
+async def nul(params: Greet) -> dict[str, str]:
+    return {"text": f"a\x00{params.name}"}
+
+
+@registry.task("test.context", params=Greet)
+def with_context(params: Greet, ctx: TaskContext) -> dict[str, object]:
+    return {
+        "id": ctx.task_id,
+        "type": ctx.type,
+        "attempt": ctx.attempt,
+        "last": ctx.is_last_attempt,
+        "labels": list(ctx.labels),
+        "worker": ctx.worker_id,
+        "deadline": ctx.deadline is not None,
+        "cancelled": ctx.cancelled,
+    }
+
+
 @registry.task("test.not_json", params=Greet)
 async def not_json(params: Greet) -> object:
     return object()
@@ -57,6 +77,29 @@ def test_run_task_runs_a_sync_handler_in_a_thread_and_returns_the_stored_json() 
     assert result["thread"] != threading.main_thread().name
     # What is stored is JSON: a pydantic model comes back as its fields.
     assert run_task("test.model_result", {"name": "x"}, registry=registry) == {"at": "x"}
+
+
+def test_run_task_gives_a_handler_that_asks_for_it_a_real_context() -> None:
+    result = run_task(
+        "test.context",
+        {"name": "ada"},
+        registry=registry,
+        task_id=42,
+        attempt=3,
+        max_attempts=3,
+        labels=["tenant-a"],
+        timeout=30,
+    )
+    assert result == {
+        "id": 42,
+        "type": "test.context",
+        "attempt": 3,
+        "last": True,
+        "labels": ["tenant-a"],
+        "worker": "taskfleet-testing",
+        "deadline": True,
+        "cancelled": False,
+    }
 
 
 def test_run_task_uses_the_registered_handlers_by_default() -> None:
@@ -71,8 +114,10 @@ def test_run_task_refuses_what_the_api_would_and_raises_what_the_handler_raises(
         run_task("test.missing", registry=registry)
     with pytest.raises(PermanentError, match="no ada"):
         run_task("test.refuse", {"name": "ada"}, registry=registry)
-    with pytest.raises(PermanentError, match="not JSON"):
+    with pytest.raises(UnstorableResult, match="not JSON"):
         run_task("test.not_json", {"name": "ada"}, registry=registry)
+    with pytest.raises(UnstorableResult, match="NUL"):
+        run_task("test.nul", {"name": "ada"}, registry=registry)
     with pytest.raises(TimeoutError):
         run_task("test.slow", {"name": "ada"}, timeout=0.01, registry=registry)
 
