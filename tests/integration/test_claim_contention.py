@@ -8,6 +8,7 @@ from typing import Any
 import asyncpg
 
 from taskfleet.shared import queries as q
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
 from tests.integration.sql import (
     NewTask,
     connected,
@@ -31,6 +32,7 @@ async def _claim(conn: asyncpg.Connection, **params: Any) -> list[asyncpg.Record
             "probe_strict": False,
             "probe_normal": False,
             "lease_ttl": 30.0,
+            "types": ["demo.echo", RUNTIME_CONFIG_TASK_TYPE],
             **params,
         },
     )

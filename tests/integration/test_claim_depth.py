@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from taskfleet.shared import queries as q
+from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
 from tests.integration.sql import connected, ensure_grouping, outcome_params
 
 BIG = 990_000  # group a, the oldest rows: every claim in claim order would walk them first
@@ -102,6 +103,7 @@ async def claim_buffers(conn: asyncpg.Connection, **params: Any) -> tuple[int, i
             "probe_normal": False,
             "worker_id": "w-depth",
             "lease_ttl": 30.0,
+            "types": ["demo.echo", RUNTIME_CONFIG_TASK_TYPE],
             **params,
         }
     )

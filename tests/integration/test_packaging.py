@@ -113,6 +113,7 @@ def test_the_public_names_are_exactly_the_documented_ones() -> None:
             "PayloadTooLarge",
             "PermanentError",
             "Task",
+            "TaskContext",
             "TaskParams",
             "TaskStatus",
             "Unauthorized",
