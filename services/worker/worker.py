@@ -9,6 +9,7 @@ The parts, one job each (docs/architecture.md has the picture):
 - ``config_update.py``: the control-lane task that writes a version and follows convergence.
 - ``listener.py``: LISTEN on a dedicated connection, reconnecting with backoff.
 - ``slots.py``: which tasks this process runs, per lane.
+- ``scheduler.py``: declares the task modules' schedules, fires the due ones (periodic tasks).
 
 This file owns only the life cycle: start-up (LISTEN, config, registration), the loops, the
 stop request, the drain, and what /readyz reports.
@@ -54,6 +55,7 @@ from taskfleet.worker.invocation import HandlerRunner
 from taskfleet.worker.listener import Listener
 from taskfleet.worker.outcomes import OutcomeWriter
 from taskfleet.worker.readiness import ReadinessInputs, not_ready_reasons
+from taskfleet.worker.scheduler import Scheduler
 from taskfleet.worker.slots import Slots
 from taskfleet.worker.stopping import stop_tasks
 
@@ -171,6 +173,8 @@ class Worker:
             ),
             clock=clock,
         )
+        self.scheduler = Scheduler(database=self._io_db, registry=registry, sleep=self._sleep)
+        self._scheduler_loop: asyncio.Task[None] | None = None
         self.listener = Listener(
             settings.listen_url,
             channels=(queries.TASK_READY_CHANNEL, protocol.CONFIG_CHANNEL),
@@ -255,6 +259,8 @@ class Worker:
             asyncio.create_task(self.outcomes.run(), name="finish-loop"),
             asyncio.create_task(self.heartbeat.run(), name="tick-loop"),
         ]
+        self._scheduler_loop = asyncio.create_task(self.scheduler.run(), name="scheduler")
+        self._loops.append(self._scheduler_loop)
         self.ready.set()
         log.info(
             "worker %s online: concurrency %d, config version %d",
@@ -373,6 +379,9 @@ class Worker:
         """Stop claiming, let running tasks finish within drain_timeout, give the rest back."""
         self.status = "draining"
         self.ready.clear()
+        if self._scheduler_loop is not None:
+            # A draining worker enqueues nothing more: the others fire the next slots.
+            await stop_tasks([self._scheduler_loop])
         log.info("draining: %d task(s) running", len(self.slots))
         claim_loop = self._loops[0] if self._loops else None
         if claim_loop is not None:
