@@ -263,14 +263,14 @@ async def test_every_second_on_three_workers_runs_once_per_slot(
         return len(await slots_of(conn, "each-second")) >= n
 
     try:
-        await wait_until(lambda: slots_at_least(3), "three slots fired by three workers")
+        await wait_until(lambda: slots_at_least(2), "two slots fired by three workers")
         # A worker stops and another starts while the schedule keeps firing.
         await runs[0].stop()
         runs[0] = await start(build_worker(database_url, worker_id="w3"))
-        await wait_until(lambda: slots_at_least(6), "six slots")
+        await wait_until(lambda: slots_at_least(4), "four slots")
         await runs[1].stop()
         runs[1] = await start(build_worker(database_url, worker_id="w4"))
-        await wait_until(lambda: slots_at_least(9), "nine slots")
+        await wait_until(lambda: slots_at_least(6), "six slots")
     finally:
         for run in runs:
             fired += run.worker.scheduler.fired
@@ -281,7 +281,7 @@ async def test_every_second_on_three_workers_runs_once_per_slot(
     total = await conn.fetchval(
         "SELECT count(*) FROM taskfleet.tasks WHERE schedule_name = 'each-second'"
     )
-    assert total == len(slots) >= 9
+    assert total == len(slots) >= 6
     # The workers' own count includes those stopped before the end.
     assert fired <= total
     # They also ran: the tasks are the schedule's type and complete.
