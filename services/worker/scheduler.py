@@ -138,9 +138,10 @@ class Scheduler:
         if not fired:
             return True  # another worker fired it first (or it changed): look again
         self.fired += 1
-        if plan.skipped > 1:
+        if plan.skipped:
             log.info(
-                "schedule %s: enqueued task %d for slot %s, one run for %d missed slots",
+                "schedule %s: enqueued task %d for slot %s, the one catch-up run (%d earlier "
+                "missed slots not run)",
                 row["name"],
                 fired[0]["id"],
                 plan.slot.isoformat(),

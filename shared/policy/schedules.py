@@ -159,7 +159,8 @@ class FirePlan:
     slot: datetime
     #: The schedule's next_run_at afterwards: the first slot after now.
     next_run_at: datetime
-    #: Slots that were due and are folded into this one run (0 when on time).
+    #: Earlier missed slots folded into this one run, not run themselves (0 when on time;
+    #: counted up to 1000).
     skipped: int
 
 

@@ -161,7 +161,11 @@ BAD_BODIES: list[tuple[dict[str, Any], list[str | int], str]] = [
     ({"type": "demo.echo", "every": "1m", "labels": ["a\x00"]}, ["body", "labels", 0], "invalid"),
     ({"type": "demo.echo", "every": "1m", "priority": 2147483647}, ["body", "priority"], "reser"),
     ({"type": "demo.echo", "every": "1m", "weight": 0}, ["body", "weight"], "greater"),
-    ({"type": "demo.echo", "every": "1m", "run_at": "2030-01-01T00:00:00Z"}, ["body", "run_at"], "extra"),
+    (
+        {"type": "demo.echo", "every": "1m", "run_at": "2030-01-01T00:00:00Z"},
+        ["body", "run_at"],
+        "extra",
+    ),
     ({"type": "updateWorkerRuntimeConfig", "every": "1m"}, ["body", "type"], "reserved"),
 ]
 
