@@ -8,7 +8,8 @@ nothing. The task also carries (schedule, slot) under a unique index. Slots are 
 database's clock (``schedule_due`` returns it), never this machine's.
 
 The loop sleeps until the earliest ``next_run_at`` (at most :data:`MAX_SLEEP` seconds, so a new
-or changed schedule is seen within that), fires what is due, and looks again.
+or changed schedule is seen within that; :data:`IDLE_SLEEP` while there is no schedule at all),
+fires what is due, and looks again.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line
 
 log = logging.getLogger("taskfleet.worker")
 
-#: The longest the loop sleeps between looks (seconds): how soon a new schedule is seen.
+#: The longest the loop sleeps between looks while schedules exist (seconds): how soon a
+#: changed or added schedule is seen.
 MAX_SLEEP = 1.0
+#: ... and while there is none at all: a fleet without schedules pays one look per 5 s.
+IDLE_SLEEP = 5.0
 #: Due schedules read (and fired) per look.
 DUE_BATCH = 100
 
@@ -109,7 +113,9 @@ class Scheduler:
         if fired_any or len(due) == DUE_BATCH:
             return 0.0  # look again at once: the next slot's wait, or more due schedules
         wait = head["wait_seconds"]
-        if wait is None or due:  # no schedule at all, or only broken ones due
+        if wait is None:  # no schedule at all
+            return IDLE_SLEEP
+        if due:  # only broken ones due
             return MAX_SLEEP
         return min(MAX_SLEEP, max(0.0, float(wait)))
 
