@@ -110,7 +110,7 @@ class ScheduleSubmission:
 
 def check_schedule_name(name: str, loc: Loc) -> None:
     """:class:`Rejected` (422) unless ``name`` is 1-200 characters of storable text without a
-    slash or a control character."""
+    slash, a control character or U+FFFD."""
     problem: str | None = None
     if not 1 <= len(name) <= MAX_SCHEDULE_NAME_LENGTH:
         problem = f"must be 1 to {MAX_SCHEDULE_NAME_LENGTH} characters"
@@ -120,6 +120,9 @@ def check_schedule_name(name: str, loc: Loc) -> None:
         problem = "must not contain control characters"
     elif "/" in name:
         problem = "must not contain a slash"
+    elif "\ufffd" in name:
+        # What a URL's invalid UTF-8 (an encoded surrogate, say) decodes to.
+        problem = "must be valid UTF-8 text (U+FFFD, the replacement character, is refused)"
     else:
         try:
             name.encode("utf-8")

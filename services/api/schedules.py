@@ -8,6 +8,7 @@ task). Reading needs the submit role, like reading tasks; writing needs admin.
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, status
 
@@ -94,7 +95,7 @@ async def put_schedule(
     assert row is not None
     if row["created"]:
         response.status_code = status.HTTP_201_CREATED
-    response.headers["Location"] = f"/schedules/{name}"
+    response.headers["Location"] = f"/schedules/{quote(name, safe='')}"
     return schedule_out(row)
 
 

@@ -124,6 +124,14 @@ async def test_put_get_list_delete(client: httpx.AsyncClient, conn: asyncpg.Conn
     assert await count_tasks(conn) == 0
 
 
+async def test_a_name_in_any_script_round_trips(client: httpx.AsyncClient) -> None:
+    created = await put(client, "rapport-été 日報", every="1d")
+    assert created.status_code == 201, created.text
+    assert created.headers["Location"] == "/schedules/rapport-%C3%A9t%C3%A9%20%E6%97%A5%E5%A0%B1"
+    fetched = await client.get(created.headers["Location"])
+    assert fetched.status_code == 200 and fetched.json()["name"] == "rapport-été 日報"
+
+
 async def test_roles(client: httpx.AsyncClient, conn: asyncpg.Connection) -> None:
     refused = await client.put(
         "/schedules/s", json={"type": "demo.echo", "every": "1m"}, headers=AS_SUBMIT
