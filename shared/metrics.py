@@ -54,6 +54,7 @@ class WorkerMetrics:
     lease_rescues: Counter
     heartbeat_failures: Counter
     notifications: Counter
+    schedule_runs: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> WorkerMetrics:
@@ -155,6 +156,13 @@ class WorkerMetrics:
                 "taskfleet_worker_notifications",
                 "Notifications received, by channel and whether they parsed.",
                 ["channel", "result"],
+                registry=r,
+            ),
+            schedule_runs=Counter(
+                "taskfleet_schedule_runs",
+                "Tasks this worker enqueued from schedules, by kind (on_time; or catch_up: one "
+                "run for several missed slots).",
+                ["kind"],
                 registry=r,
             ),
         )

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from taskfleet.shared import protocol, queries
+from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.policy.lanes import lane_for_priority
 from taskfleet.shared.policy.schedules import ScheduleError, fire_plan, next_slot
@@ -49,10 +50,12 @@ class Scheduler:
         *,
         database: Database,
         registry: TaskRegistry,
+        metrics: WorkerMetrics,
         sleep: Callable[[float], Awaitable[None]],
     ) -> None:
         self._db = database
         self._registry = registry
+        self._metrics = metrics
         #: Sleeps, cut short by the worker's stop request.
         self._sleep = sleep
         #: (name, revision) of stored schedules whose timing no longer parses (logged once).
@@ -144,6 +147,7 @@ class Scheduler:
         if not fired:
             return True  # another worker fired it first (or it changed): look again
         self.fired += 1
+        self._metrics.schedule_runs.labels(kind="catch_up" if plan.skipped else "on_time").inc()
         if plan.skipped:
             log.info(
                 "schedule %s: enqueued task %d for slot %s, the one catch-up run (%d earlier "

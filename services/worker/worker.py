@@ -173,7 +173,9 @@ class Worker:
             ),
             clock=clock,
         )
-        self.scheduler = Scheduler(database=self._io_db, registry=registry, sleep=self._sleep)
+        self.scheduler = Scheduler(
+            database=self._io_db, registry=registry, metrics=self.metrics, sleep=self._sleep
+        )
         self._scheduler_loop: asyncio.Task[None] | None = None
         self.listener = Listener(
             settings.listen_url,

@@ -17,8 +17,10 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from taskfleet.api.app import create_app
+from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.registry import TaskParams, TaskRegistry, load_registry
 from taskfleet.worker.database import Database
 from taskfleet.worker.scheduler import Scheduler
@@ -62,6 +64,7 @@ def scheduler(url: str, registry: TaskRegistry | None = None, n: int = 0) -> Sch
     return Scheduler(
         database=Database(url, f"taskfleet-test-scheduler-{n}"),
         registry=registry or load_registry([]),
+        metrics=WorkerMetrics.create(CollectorRegistry()),
         sleep=no_sleep,
     )
 
@@ -226,6 +229,7 @@ async def test_one_catch_up_run_after_a_downtime(
     firing = scheduler(database_url)
     await firing.fire_due()
     await firing.fire_due()
+    assert firing.fired == 1
     slots = await slots_of(conn, "hourly")
     assert len(slots) == 1 and slots[0]["n"] == 1
     row = await conn.fetchrow(
