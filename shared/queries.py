@@ -794,6 +794,11 @@ worker_tick = _query(
     UNION ALL SELECT 'wake', NULL, pg_notify('taskfleet_task_ready', '')::text
         FROM (SELECT 1 FROM rescued WHERE rescued.status = 'pending' LIMIT 1) AS any_rescued
     UNION ALL SELECT 'regroup', regroup.moved, regroup.state FROM regroup
+    -- Seconds until the earliest schedule's next slot (NULL: no schedule): the scheduler
+    -- sleeps until then and looks at the schedules only when one is due (an index probe).
+    UNION ALL SELECT 'schedule', NULL,
+        CAST((SELECT EXTRACT(EPOCH FROM min(s.next_run_at) - now())
+              FROM taskfleet.schedules s) AS text)
     -- The schema's revision: a worker claims nothing on a schema it was not written for.
     UNION ALL SELECT 'schema', NULL,
         (SELECT string_agg(v.version_num, ',' ORDER BY v.version_num)

@@ -1,6 +1,7 @@
 """The heartbeat: one statement per tick refreshes the worker row and every lease this process
 holds, returns the cancellations requested, runs the lease sweep when due (one worker at a time,
-under an advisory lock), reports the latest config version and whether a control task waits.
+under an advisory lock), reports the latest config version, whether a control task waits and
+when the next schedule is due.
 
 What the tick learns is handed to the supervisor through :class:`TickHandlers`; this file only
 keeps time and talks to the database.
@@ -38,6 +39,8 @@ class TickHandlers:
     unregistered: Callable[[], Awaitable[None]]
     #: The schema's revisions (alembic_version), every tick.
     schema_revisions: Callable[[list[str]], None]
+    #: Seconds until the earliest schedule's next slot (None: there is no schedule).
+    schedule_wait: Callable[[float | None], None]
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,9 @@ class Heartbeat:
                     self._handlers.control_pending()
                 elif kind == "registered" and row["id"] == 0:
                     await self._handlers.unregistered()
+                elif kind == "schedule":
+                    wait = row["status"]
+                    self._handlers.schedule_wait(float(wait) if wait is not None else None)
                 elif kind == "schema":
                     found = row["status"]
                     self._handlers.schema_revisions(found.split(",") if found else [])

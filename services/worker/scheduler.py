@@ -7,15 +7,18 @@ statement, so whichever worker's statement commits first fires the slot and the 
 nothing. The task also carries (schedule, slot) under a unique index. Slots are computed from the
 database's clock (``schedule_due`` returns it), never this machine's.
 
-The loop sleeps until the earliest ``next_run_at`` (at most :data:`MAX_SLEEP` seconds, so a new
-or changed schedule is seen within that; :data:`IDLE_SLEEP` while there is no schedule at all),
-fires what is due, and looks again.
+The loop costs nothing while no schedule is due: it sleeps until the earliest ``next_run_at``
+it knows of, and every heartbeat tick reports that time (one index probe in the tick's
+statement), so a schedule added or moved earlier is seen at the next tick. When one is due, the
+loop reads the due ones (``schedule_due``), fires them, and sleeps until the next.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -35,11 +38,9 @@ from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line
 
 log = logging.getLogger("taskfleet.worker")
 
-#: The longest the loop sleeps between looks while schedules exist (seconds): how soon a
-#: changed or added schedule is seen.
-MAX_SLEEP = 1.0
-#: ... and while there is none at all: a fleet without schedules pays one look per 5 s.
-IDLE_SLEEP = 5.0
+#: After a look that fired nothing although schedules were due (their timing no longer parses:
+#: logged once), the next look is this much later (seconds).
+BROKEN_RETRY = 1.0
 #: Due schedules read (and fired) per look.
 DUE_BATCH = 100
 
@@ -52,6 +53,7 @@ class Scheduler:
         registry: TaskRegistry,
         metrics: WorkerMetrics,
         sleep: Callable[[float], Awaitable[None]],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._db = database
         self._registry = registry
@@ -63,6 +65,20 @@ class Scheduler:
         #: Tasks this process enqueued from schedules (tests read it).
         self.fired = 0
         self.declared = asyncio.Event()
+        self._clock = clock
+        #: When (on ``clock``) to look next; None: only when a tick says a schedule exists.
+        self._next_look: float | None = clock()
+        self._woken = asyncio.Event()
+
+    def next_due_in(self, seconds: float | None) -> None:
+        """A heartbeat tick's news: the earliest schedule is due in ``seconds`` (None: there is
+        no schedule). Wakes the loop when that is sooner than it planned to look."""
+        if seconds is None:
+            return
+        at = self._clock() + max(0.0, seconds)
+        if self._next_look is None or at < self._next_look:
+            self._next_look = at
+            self._woken.set()
 
     async def run(self) -> None:
         retry = LoopBackoff(base=0.2, cap=5.0)
@@ -75,6 +91,7 @@ class Scheduler:
                 await self._sleep(delay)
         retry.reset()
         while True:
+            await self._until_next_look()
             try:
                 wait = await self.fire_due()
             except DATABASE_ERRORS as exc:
@@ -82,11 +99,20 @@ class Scheduler:
                 log.warning(
                     "firing schedules failed (%s); retrying in %.2fs", first_line(exc), delay
                 )
-                await self._sleep(delay)
+                self._next_look = self._clock() + delay
                 continue
             retry.reset()
-            if wait > 0:
-                await self._sleep(wait)
+            self._next_look = None if wait is None else self._clock() + wait
+
+    async def _until_next_look(self) -> None:
+        while True:
+            self._woken.clear()
+            if self._next_look is not None and self._next_look <= self._clock():
+                return
+            timeout = None if self._next_look is None else self._next_look - self._clock()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._woken.wait()
 
     async def declare(self) -> None:
         """Upsert the schedules this worker's task modules declare (an API-set one wins)."""
@@ -105,8 +131,8 @@ class Scheduler:
                     log.info("declared schedule %s", name)
         self.declared.set()
 
-    async def fire_due(self) -> float:
-        """Fire every due schedule; the seconds to sleep before looking again."""
+    async def fire_due(self) -> float | None:
+        """Fire every due schedule; the seconds until the next look (None: no schedule)."""
         rows = await self._db.fetch(queries.schedule_due, limit=DUE_BATCH)
         head = rows[0]
         due = [row for row in rows if row["name"] is not None]
@@ -116,11 +142,11 @@ class Scheduler:
         if fired_any or len(due) == DUE_BATCH:
             return 0.0  # look again at once: the next slot's wait, or more due schedules
         wait = head["wait_seconds"]
-        if wait is None:  # no schedule at all
-            return IDLE_SLEEP
-        if due:  # only broken ones due
-            return MAX_SLEEP
-        return min(MAX_SLEEP, max(0.0, float(wait)))
+        if wait is None:
+            return None
+        if due:  # only broken ones are due
+            return BROKEN_RETRY
+        return max(0.0, float(wait))
 
     async def _fire(self, row: Any, now: Any) -> bool:
         key = (row["name"], row["revision"])

@@ -170,6 +170,7 @@ class Worker:
                 control_pending=self._control_pending,
                 unregistered=self._unregistered,
                 schema_revisions=self._schema_seen,
+                schedule_wait=lambda wait: self.scheduler.next_due_in(wait),
             ),
             clock=clock,
         )

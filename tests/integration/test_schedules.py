@@ -308,6 +308,24 @@ async def test_every_second_on_three_workers_runs_once_per_slot(
     assert done >= 1
 
 
+async def test_a_schedule_set_while_workers_run_is_seen_at_a_tick(
+    client: httpx.AsyncClient, conn: asyncpg.Connection, database_url: str
+) -> None:
+    """The scheduler sleeps while there is no schedule; the heartbeat tick tells it of one."""
+    run = await start(build_worker(database_url))
+    try:
+        await wait_until(lambda: run.worker.scheduler.declared.is_set(), "scheduler started")
+        assert (await put(client, "late", every="1s")).status_code == 201
+
+        async def fired() -> bool:
+            return len(await slots_of(conn, "late")) >= 2
+
+        await wait_until(fired, "two slots of a schedule set after the worker started")
+    finally:
+        await run.stop()
+    assert all(r["n"] == 1 for r in await slots_of(conn, "late"))
+
+
 # --------------------------------------------------------------------------------------------
 # Declared in code
 
