@@ -273,7 +273,7 @@ async def test_every_second_on_three_workers_runs_once_per_slot(
     has exactly one task (read from the tasks' schedule slots)."""
     assert (await put(client, "each-second", every="1s")).status_code == 201
     runs = [await start(build_worker(database_url, worker_id=f"w{i}")) for i in range(3)]
-    fired = 0
+    every_run = list(runs)
 
     async def slots_at_least(n: int) -> bool:
         return len(await slots_of(conn, "each-second")) >= n
@@ -283,13 +283,24 @@ async def test_every_second_on_three_workers_runs_once_per_slot(
         # A worker stops and another starts while the schedule keeps firing.
         await runs[0].stop()
         runs[0] = await start(build_worker(database_url, worker_id="w3"))
+        every_run.append(runs[0])
         await wait_until(lambda: slots_at_least(4), "four slots")
         await runs[1].stop()
         runs[1] = await start(build_worker(database_url, worker_id="w4"))
+        every_run.append(runs[1])
         await wait_until(lambda: slots_at_least(6), "six slots")
+
+        async def one_completed() -> bool:
+            done = await conn.fetchval(
+                "SELECT count(*) FROM taskfleet.tasks WHERE schedule_name = 'each-second' "
+                "AND status = 'completed'"
+            )
+            return bool(done)
+
+        # They also run, as any task: the workers claim them.
+        await wait_until(one_completed, "a scheduled task completed")
     finally:
         for run in runs:
-            fired += run.worker.scheduler.fired
             await run.stop()
     slots = await slots_of(conn, "each-second")
     assert all(r["n"] == 1 for r in slots), [(r["schedule_slot"], r["n"]) for r in slots]
@@ -298,14 +309,8 @@ async def test_every_second_on_three_workers_runs_once_per_slot(
         "SELECT count(*) FROM taskfleet.tasks WHERE schedule_name = 'each-second'"
     )
     assert total == len(slots) >= 6
-    # The workers' own count includes those stopped before the end.
-    assert fired <= total
-    # They also ran: the tasks are the schedule's type and complete.
-    done = await conn.fetchval(
-        "SELECT count(*) FROM taskfleet.tasks WHERE schedule_name = 'each-second' "
-        "AND status = 'completed'"
-    )
-    assert done >= 1
+    # What the workers counted as fired (a stop may cut one short after its commit) is no more.
+    assert sum(run.worker.scheduler.fired for run in every_run) <= total
 
 
 async def test_a_schedule_set_while_workers_run_is_seen_at_a_tick(
