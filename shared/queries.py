@@ -19,6 +19,8 @@ from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_
 SWEEP_LOCK_KEY = 7_243_118_002
 # Advisory lock key serialising the writes of runtime-config versions.
 CONFIG_WRITE_LOCK_KEY = 7_243_118_003
+# Transaction-level advisory lock key of the pruner: one pruning statement in the fleet at a time.
+PRUNE_LOCK_KEY = 7_243_118_004
 
 TASK_READY_CHANNEL = "taskfleet_task_ready"
 
@@ -78,6 +80,12 @@ _ALIVE = (
     "(w.status = 'online'"
     " AND w.last_heartbeat > now() - 3 * w.heartbeat_interval * interval '1 second')"
 )
+
+# A worker row the pruner may delete: silent for longer than :workers_keep seconds and not
+# alive (an offline row, or one whose process stopped heartbeating without saying so).
+_WORKER_PRUNABLE = f"""(
+    w.last_heartbeat < now() - make_interval(secs => CAST(:workers_keep AS float8))
+    AND NOT {_ALIVE})"""
 
 # The grouping in force: the latest configured label set (one row; task_groupings always has
 # version 0, the empty set).
@@ -663,6 +671,97 @@ task_regroup_step = _query(
 SWEEP_REGROUP_BATCH = 2000
 
 # --------------------------------------------------------------------------------------------
+# Retention: the pruner (services/worker/pruner.py). Each statement is one short transaction
+# that first takes the pruner's transaction-level advisory lock (a try: a busy lock means
+# another worker prunes right now); no session lock, so a transaction-mode pooler works.
+# --------------------------------------------------------------------------------------------
+
+task_prune_batch = _query(
+    "task_prune_batch",
+    """
+    WITH
+    -- One pruner in the fleet at a time; released at commit.
+    lock AS (SELECT pg_try_advisory_xact_lock(CAST(:lock_key AS bigint)) AS held),
+    -- Per pruned status, the :batch rows that finished longest ago, older than the status'
+    -- retention: a range of the (status, finished_at) index of finished tasks. Locked and
+    -- re-checked, skipping rows someone holds (a retry moving it back to pending): a task
+    -- changed meanwhile is not deleted.
+    victims AS (
+        SELECT v.id
+        FROM lock,
+             unnest(CAST(:statuses AS text[]), CAST(:keep AS float8[])) AS r(status, keep)
+        CROSS JOIN LATERAL (
+            SELECT t.id FROM taskfleet.tasks t
+            WHERE t.status = r.status AND t.finished_at IS NOT NULL
+              AND t.finished_at < now() - make_interval(secs => r.keep)
+            ORDER BY t.finished_at
+            LIMIT CAST(:batch AS int)
+            FOR UPDATE OF t SKIP LOCKED
+        ) AS v
+        WHERE lock.held
+    ),
+    deleted AS (
+        DELETE FROM taskfleet.tasks t
+        WHERE t.id = ANY(ARRAY(SELECT id FROM victims))
+          AND t.status = ANY(CAST(:statuses AS text[])) AND t.finished_at IS NOT NULL
+        RETURNING t.status
+    )
+    SELECT (SELECT held FROM lock) AS held, s.status,
+           (SELECT count(*) FROM deleted WHERE deleted.status = s.status) AS deleted
+    FROM unnest(CAST(:statuses AS text[])) AS s(status)
+    """,
+)
+
+worker_prune = _query(
+    "worker_prune",
+    f"""
+    -- Rows of workers that are offline, or stopped heartbeating, for longer than the workers'
+    -- retention (never an alive one). A task still marked running under a pruned worker's id
+    -- is rescued by the sweep as before.
+    WITH lock AS (SELECT pg_try_advisory_xact_lock(CAST(:lock_key AS bigint)) AS held),
+    deleted AS (
+        DELETE FROM taskfleet.workers w
+        USING lock
+        WHERE lock.held AND {_WORKER_PRUNABLE}
+        RETURNING w.id
+    )
+    SELECT (SELECT held FROM lock) AS held, count(*) AS deleted FROM deleted
+    """,
+)
+
+runtime_config_prune = _query(
+    "runtime_config_prune",
+    f"""
+    -- Config versions older than the newest :kept, at most :batch per statement, except any
+    -- version a worker row still reports as applied, and any an unfinished update task (a
+    -- request someone may still follow) wrote. The newest versions are never touched: workers
+    -- read only the latest.
+    WITH lock AS (SELECT pg_try_advisory_xact_lock(CAST(:lock_key AS bigint)) AS held),
+    victims AS (
+        SELECT c.version FROM taskfleet.worker_runtime_configs c, lock
+        WHERE lock.held
+          AND c.version <= (SELECT max(l.version) FROM taskfleet.worker_runtime_configs l)
+                           - CAST(:kept AS bigint)
+          AND NOT EXISTS (SELECT 1 FROM taskfleet.workers w
+                          WHERE w.applied_config_version = c.version)
+          AND NOT EXISTS (SELECT 1 FROM taskfleet.tasks t
+                          WHERE t.type = '{RUNTIME_CONFIG_TASK_TYPE}'
+                            AND (t.payload ->> 'requestID') = c.request_id
+                            AND t.status IN ('pending', 'running'))
+        ORDER BY c.version
+        LIMIT CAST(:batch AS int)
+        FOR UPDATE OF c SKIP LOCKED
+    ),
+    deleted AS (
+        DELETE FROM taskfleet.worker_runtime_configs c
+        WHERE c.version = ANY(ARRAY(SELECT version FROM victims))
+        RETURNING c.version
+    )
+    SELECT (SELECT held FROM lock) AS held, count(*) AS deleted FROM deleted
+    """,
+)
+
+# --------------------------------------------------------------------------------------------
 # Workers
 # --------------------------------------------------------------------------------------------
 
@@ -773,6 +872,27 @@ worker_tick = _query(
         WHERE t.id = expired.id
         RETURNING t.id, t.status
     ),
+    -- Is anything due for pruning (retention)? Asked only by the sweeping worker: an index probe
+    -- of the (status, finished_at) index per pruned status, the workers table (a few rows per
+    -- process start), and the config versions' span (two primary-key probes). The pruning
+    -- itself runs in bounded batches of its own (task_prune_batch), never in the heartbeat.
+    prune_due AS (
+        SELECT 1 AS due FROM sweep_lock
+        WHERE sweep_lock.held AND (
+            EXISTS (
+                SELECT 1
+                FROM unnest(CAST(:prune_statuses AS text[]), CAST(:prune_keep AS float8[]))
+                     AS r(status, keep)
+                WHERE EXISTS (
+                    SELECT 1 FROM taskfleet.tasks t
+                    WHERE t.status = r.status AND t.finished_at IS NOT NULL
+                      AND t.finished_at < now() - make_interval(secs => r.keep)))
+            OR EXISTS (
+                SELECT 1 FROM taskfleet.workers w
+                WHERE CAST(:workers_keep AS float8) IS NOT NULL AND {_WORKER_PRUNABLE})
+            OR (SELECT max(c.version) - min(c.version) FROM taskfleet.worker_runtime_configs c)
+               >= CAST(:configs_kept AS bigint))
+    ),
     -- The re-grouping safety net rides on the sweep: one bounded step, when a change of the
     -- configured labels is not settled yet (a settled one costs one index probe).
     regroup AS (
@@ -794,6 +914,7 @@ worker_tick = _query(
     UNION ALL SELECT 'wake', NULL, pg_notify('taskfleet_task_ready', '')::text
         FROM (SELECT 1 FROM rescued WHERE rescued.status = 'pending' LIMIT 1) AS any_rescued
     UNION ALL SELECT 'regroup', regroup.moved, regroup.state FROM regroup
+    UNION ALL SELECT 'prune_due', NULL, NULL FROM prune_due
     -- The schema's revision: a worker claims nothing on a schema it was not written for.
     UNION ALL SELECT 'schema', NULL,
         (SELECT string_agg(v.version_num, ',' ORDER BY v.version_num)

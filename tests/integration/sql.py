@@ -257,6 +257,10 @@ async def tick(
         lease_ttl=lease_ttl,
         sweep=sweep,
         sweep_lock_key=q.SWEEP_LOCK_KEY,
+        prune_statuses=[],
+        prune_keep=[],
+        workers_keep=None,
+        configs_kept=300,
     )
     return [(r["kind"], r["id"], r["status"]) for r in rows]
 
