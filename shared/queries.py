@@ -305,40 +305,95 @@ _GROUP_OF_TASK = """CASE WHEN t.priority = 0 THEN
                     CASE WHEN t.group_key = '' THEN 'default' ELSE t.group_key END
                END"""
 
-task_queue_stats = _query(
-    "task_queue_stats",
+# --------------------------------------------------------------------------------------------
+# Tasks: the API's queue gauges (/metrics). Each statement reads a bounded number of index
+# entries or rows, however deep the backlog (docs/operations.md#metrics-at-depth).
+# --------------------------------------------------------------------------------------------
+
+metrics_queue_depth = _query(
+    "metrics_queue_depth",
     f"""
-    -- Pending depth and oldest ready age per lane and normal-lane group (metrics, at scrape).
-    -- A task has been ready since the later of its submission and its run_after: a run_at in
-    -- the past does not make a task submitted now look old.
-    SELECT lane, grp, count(*) AS depth,
-           CAST(COALESCE(EXTRACT(EPOCH FROM now() - min(GREATEST(created_at, run_after))
-                                 FILTER (WHERE run_after <= now())), 0) AS float8)
-               AS oldest_ready_seconds
+    -- Pending per series (a lane, and in the normal lane a stored group key), each counted to
+    -- at most :limit entries of the lane's claim index; a series at the bound gets the
+    -- planner's estimate instead (taskfleet.pending_estimate: EXPLAIN, no row read).
+    SELECT c.lane, c.group_key, c.counted,
+           CASE WHEN c.counted >= CAST(:limit AS int)
+                THEN taskfleet.pending_estimate(c.lane, c.group_key) END AS estimate
     FROM (
-        SELECT {_LANE_OF_TASK} AS lane, {_GROUP_OF_TASK} AS grp, t.run_after, t.created_at
-        FROM taskfleet.tasks t
-        WHERE t.status = 'pending'
-    ) pending
-    GROUP BY lane, grp
+        SELECT s.lane, s.group_key,
+               CASE s.lane
+               WHEN 'control' THEN (
+                   SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                                         WHERE t.status = 'pending'
+                                           AND t.priority = {CONTROL_PRIORITY}
+                                         LIMIT CAST(:limit AS int)) AS capped)
+               WHEN 'strict' THEN (
+                   SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                                         WHERE t.status = 'pending' AND t.priority > 0
+                                           AND t.priority < {CONTROL_PRIORITY}
+                                         LIMIT CAST(:limit AS int)) AS capped)
+               ELSE (
+                   SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                                         WHERE t.status = 'pending' AND t.priority = 0
+                                           AND t.group_key = s.group_key
+                                         LIMIT CAST(:limit AS int)) AS capped)
+               END AS counted
+        FROM unnest(CAST(:lanes AS text[]), CAST(:group_keys AS text[])) AS s(lane, group_key)
+    ) AS c
     """,
 )
 
-task_unrunnable_counts = _query(
-    "task_unrunnable_counts",
+metrics_oldest_ready = _query(
+    "metrics_oldest_ready",
     f"""
-    -- Pending tasks no alive worker can run, by reason (metrics, at scrape). unknown_type: no
-    -- alive worker has a handler for the type (the control task excepted: all have one).
-    WITH known AS (
+    WITH
+    -- The oldest :limit pending tasks by id (the order they were submitted in), through the
+    -- (status, id DESC) index: the whole backlog while it is shorter than that.
+    sample AS (
+        SELECT t.priority, t.group_key, t.created_at, t.run_after FROM taskfleet.tasks t
+        WHERE t.status = 'pending'
+        ORDER BY t.id
+        LIMIT CAST(:limit AS int)
+    )
+    -- Per lane and group: the longest a due task has waited, counted from the later of its
+    -- submission and its run_after (a run_at in the past does not make a new task look old).
+    SELECT {_LANE_OF_TASK} AS lane,
+           CASE WHEN t.priority = 0 THEN t.group_key ELSE '' END AS group_key,
+           CAST(EXTRACT(EPOCH FROM now() - min(GREATEST(t.created_at, t.run_after))) AS float8)
+               AS oldest_ready_seconds
+    FROM sample t
+    WHERE t.run_after <= now()
+    GROUP BY 1, 2
+    """,
+)
+
+metrics_unrunnable = _query(
+    "metrics_unrunnable",
+    f"""
+    WITH RECURSIVE
+    -- Every task type in the table, by a skip scan of the (type, id) index: one probe per
+    -- distinct type, however many rows each has.
+    types AS (
+        (SELECT t.type FROM taskfleet.tasks t ORDER BY t.type LIMIT 1)
+        UNION ALL
+        SELECT (SELECT t.type FROM taskfleet.tasks t WHERE t.type > types.type
+                ORDER BY t.type LIMIT 1)
+        FROM types WHERE types.type IS NOT NULL
+    ),
+    -- What the alive workers have handlers for (the control task excepted: all have one).
+    known AS (
         SELECT COALESCE(array_agg(DISTINCT k), ARRAY[]::text[]) AS types
         FROM taskfleet.workers w, unnest(w.task_types) AS k
         WHERE {_ALIVE}
     )
-    SELECT 'unknown_type' AS reason, count(t.id) AS tasks
-    FROM known LEFT JOIN taskfleet.tasks t
-      ON t.status = 'pending' AND t.priority < {CONTROL_PRIORITY}
-     AND NOT (t.type = ANY(known.types))
-    GROUP BY 1
+    -- Pending tasks of the types no alive worker knows, each type counted to :limit.
+    SELECT 'unknown_type' AS reason, COALESCE(sum((
+               SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                                     WHERE t.type = types.type AND t.status = 'pending'
+                                     LIMIT CAST(:limit AS int)) AS capped)), 0) AS tasks
+    FROM types, known
+    WHERE types.type IS NOT NULL AND types.type <> '{RUNTIME_CONFIG_TASK_TYPE}'
+      AND NOT (types.type = ANY(known.types))
     """,
 )
 
