@@ -180,8 +180,8 @@ class ApiMetrics:
         return cls(
             queue_depth=Gauge(
                 "taskfleet_queue_depth",
-                "Pending tasks by lane and normal-lane group (from Postgres; exact up to 1,000, the "
-                "planner's estimate past it).",
+                "Pending tasks by lane and normal-lane group (from Postgres; exact up to 1,000, "
+                "the planner's estimate past it).",
                 ["lane", "group"],
                 registry=r,
             ),

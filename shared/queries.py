@@ -875,25 +875,36 @@ worker_tick = _query(
           AND w.pid = CAST(:pid AS int)
         RETURNING w.id
     ),
-    -- ... and the leases of all the tasks it holds, in the same statement. Only those it
-    -- names: a row left running under this id by an earlier process (a crash, a lost claim
-    -- reply) must expire and be rescued, not be kept alive forever.
-    -- Fenced by attempt; a row locked by someone else right now (a finish of ours in flight,
-    -- a cancel) is skipped, not waited for: the heartbeat never queues behind a row lock.
+    -- The tasks it holds (only those it names: a row left running under this id by an
+    -- earlier process, a crash or a lost claim reply, must expire and be rescued, not be kept
+    -- alive forever), fenced by attempt. Read, not locked: their cancel flags come from here.
     held AS (
-        SELECT t.id FROM taskfleet.tasks t
+        SELECT t.id, t.cancel_requested,
+               t.lease_expires_at IS NULL
+               OR t.lease_expires_at < now() + make_interval(
+                   secs => CAST(:lease_renew_within AS float8)) AS due
+        FROM taskfleet.tasks t
         JOIN unnest(CAST(:held AS bigint[]), CAST(:held_attempts AS int[])) AS h(id, attempt)
           ON t.id = h.id AND t.attempts = h.attempt
         WHERE t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
           AND t.id = ANY(CAST(:held AS bigint[]))
+    ),
+    -- Renewed only once less than :lease_renew_within seconds are left (policy/leases.py):
+    -- a renewal is a row version, so not at every beat. A HOT update: no index holds
+    -- lease_expires_at. A row locked by someone else right now (a finish of ours in flight, a
+    -- cancel) is skipped, not waited for: the heartbeat never queues behind a row lock.
+    renewable AS (
+        SELECT t.id FROM taskfleet.tasks t
+        WHERE t.id = ANY(ARRAY(SELECT held.id FROM held WHERE held.due))
+          AND t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
         FOR UPDATE OF t SKIP LOCKED
     ),
     leases AS (
         UPDATE taskfleet.tasks t
         SET lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
-        FROM held
-        WHERE t.id = held.id
-        RETURNING t.id, t.cancel_requested
+        FROM renewable
+        WHERE t.id = renewable.id
+        RETURNING t.id
     ),
     -- The sweep, when due, by one worker at a time (try-lock: a busy lock means someone sweeps).
     sweep_lock AS (
@@ -955,8 +966,8 @@ worker_tick = _query(
         FROM (SELECT 1 FROM sweep_lock WHERE sweep_lock.held) AS due
         CROSS JOIN LATERAL taskfleet.task_regroup_step({SWEEP_REGROUP_BATCH}) AS s
     )
-    SELECT 'cancel' AS kind, leases.id AS id, NULL AS status FROM leases
-        WHERE leases.cancel_requested
+    SELECT 'cancel' AS kind, held.id AS id, NULL AS status FROM held
+        WHERE held.cancel_requested
     UNION ALL SELECT 'rescued', rescued.id, rescued.status FROM rescued
     UNION ALL SELECT 'config', (SELECT COALESCE(max(version), 0)
                                 FROM taskfleet.worker_runtime_configs), NULL

@@ -111,12 +111,8 @@ tasks = Table(
         "id",
         postgresql_where=text("status = 'pending' AND priority = 0 AND labels <> '{}'"),
     ),
-    # Lease sweep and heartbeat.
-    Index(
-        "tasks_running_lease_idx",
-        "lease_expires_at",
-        postgresql_where=text("status = 'running'"),
-    ),
+    # The running rows (lease sweep, heartbeat, a worker's tasks). No index holds
+    # lease_expires_at: a lease renewal is then a HOT update.
     Index("tasks_running_worker_idx", "worker_id", postgresql_where=text("status = 'running'")),
     # unique_key is unique while the task is not finished.
     Index(
@@ -142,6 +138,8 @@ tasks = Table(
         text("(payload ->> 'requestID')"),
         postgresql_where=text("type = 'updateWorkerRuntimeConfig'"),
     ),
+    # Room on each page for the HOT update of a lease renewal.
+    postgresql_with={"fillfactor": 90},
 )
 
 workers = Table(

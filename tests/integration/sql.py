@@ -236,10 +236,12 @@ async def tick(
     strict_inflight: int = 0,
     applied_version: int = 0,
     lease_ttl: float = LEASE_TTL,
+    lease_renew_within: float | None = None,
 ) -> list[tuple[str, int | None, str | None]]:
     """``worker_tick`` as (kind, id, status) tuples; ``held`` are the task ids this worker
     process runs (only their leases are renewed), each at its current attempt unless
-    ``held_attempts`` says otherwise."""
+    ``held_attempts`` says otherwise. ``lease_renew_within``: renew only leases with less than
+    that left (default: the whole lease, so every held lease is renewed)."""
     if held_attempts is None:
         held_attempts = await current_attempts(conn, held)
     rows = await run(
@@ -255,6 +257,7 @@ async def tick(
         held_attempts=list(held_attempts),
         worker_id=worker_id,
         lease_ttl=lease_ttl,
+        lease_renew_within=lease_ttl if lease_renew_within is None else lease_renew_within,
         sweep=sweep,
         sweep_lock_key=q.SWEEP_LOCK_KEY,
         prune_statuses=[],

@@ -17,7 +17,9 @@ import asyncpg
 import pytest
 
 from taskfleet.shared import queries as q
+from taskfleet.shared.policy.leases import renewal_margin
 from tests.integration.sql import (
+    LEASE_TTL,
     NewTask,
     claim,
     claim_ids,
@@ -590,3 +592,48 @@ async def test_the_heartbeat_renews_only_the_attempt_it_holds(conn: asyncpg.Conn
     await tick(conn, "A", held=[task_id], held_attempts=[1])
     row = await task_row(conn, task_id)
     assert row["lease_expires_at"] > await conn.fetchval("SELECT now()")
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded writes: a lease is renewed only when due, and a renewal writes no index entry
+# --------------------------------------------------------------------------------------------
+
+
+async def _hot_updates(conn: asyncpg.Connection) -> int:
+    # This backend's counters reach the shared statistics when its next transaction ends.
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    return int(
+        await conn.fetchval(
+            "SELECT n_tup_hot_upd FROM pg_stat_user_tables"
+            " WHERE relid = 'taskfleet.tasks'::regclass"
+        )
+    )
+
+
+async def test_a_heartbeat_renews_a_lease_only_once_it_is_due_and_as_a_hot_update(
+    conn: asyncpg.Connection,
+) -> None:
+    margin = renewal_margin(LEASE_TTL, 3.0)  # the worker's default timers: 18 s
+    task_id = await insert_task(conn)
+    assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
+    claimed = (await task_row(conn, task_id))["lease_expires_at"]
+
+    # A fresh lease (30 s left) is not rewritten: no new row version at this beat.
+    await tick(conn, "A", held=[task_id], lease_renew_within=margin)
+    assert (await task_row(conn, task_id))["lease_expires_at"] == claimed
+
+    # With less than the margin left it is renewed to a whole lease, in place (HOT).
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET lease_expires_at = now() + interval '10 seconds' WHERE id = $1",
+        task_id,
+    )
+    hot_before = await _hot_updates(conn)
+    await tick(conn, "A", held=[task_id], lease_renew_within=margin)
+    renewed = await conn.fetchval(
+        "SELECT lease_expires_at > now() + interval '25 seconds' FROM taskfleet.tasks"
+        " WHERE id = $1",
+        task_id,
+    )
+    assert renewed is True
+    assert await _hot_updates(conn) == hot_before + 1  # the renewal wrote no index entry
