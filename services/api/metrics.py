@@ -1,7 +1,8 @@
 """``GET /metrics``: HTTP metrics plus queue and fleet gauges read from Postgres.
 
 The gauges are a snapshot, refreshed by a scrape that finds it older than
-:data:`SNAPSHOT_MAX_AGE` (the scrapes in between answer from it), under a lock (a refresh clears
+:data:`SNAPSHOT_MAX_AGE` (the scrapes in between answer from it, after one trivial statement
+that shows the database still answers), under a lock (a refresh clears
 and refills labelled series; two interleaved ones would expose a half-filled set). A refresh
 reads a bounded number of index entries and rows however deep the backlog
 (docs/operations.md#metrics-at-depth): each lane's and group's depth is exact up to
@@ -72,19 +73,25 @@ class QueueGauges:
         self._lock = asyncio.Lock()
 
     async def refresh(self, database: Database | None) -> None:
-        """Read the gauges again unless the snapshot is younger than the maximum age."""
-        if self._read_at is not None and self._clock() - self._read_at < self._max_age:
-            return
+        """Read the gauges again unless the snapshot is younger than the maximum age; a young
+        snapshot is served only while the database still answers (one trivial statement), so
+        numbers read before an outage never pass for current ones."""
+        fresh = self._read_at is not None and self._clock() - self._read_at < self._max_age
         try:
             if database is None:
                 raise DatabaseUnavailable("the app is not started")
             async with asyncio.timeout(REFRESH_TIMEOUT):
+                if fresh:
+                    await database.fetch_all(q.schema_revision)
+                    return
                 await self._read(database)
             self.database_up.set(1)
         except (DatabaseUnavailable, TimeoutError) as exc:
             log.warning("metrics: queue gauges not refreshed: %s", exc or "timed out")
             self._clear()
             self.database_up.set(0)
+            self._read_at = None  # read them all again as soon as the database answers
+            return
         self._read_at = self._clock()
 
     async def _read(self, database: Database) -> None:

@@ -135,3 +135,23 @@ async def test_a_snapshot_is_served_until_it_is_a_few_seconds_old(
     now[0] += 0.2
     await gauge.refresh(database)
     assert value(registry, "taskfleet_queue_depth", lane="normal", group="default") == 1
+
+
+async def test_a_young_snapshot_is_not_served_once_the_database_stops_answering(
+    database: Database,
+) -> None:
+    gauge, registry = gauges()
+    await gauge.refresh(database)
+    assert value(registry, "taskfleet_api_database_up") == 1
+    assert value(registry, "taskfleet_queue_depth", lane="normal", group="default") == 0
+    unreachable = Database.create("postgresql://postgres@127.0.0.1:1/taskfleet", pool_size=1)
+    try:
+        await gauge.refresh(unreachable)  # within the snapshot's age, yet checked
+    finally:
+        await unreachable.dispose()
+    assert value(registry, "taskfleet_api_database_up") == 0
+    assert value(registry, "taskfleet_queue_depth", lane="normal", group="default") is None
+    # Back: everything is read again at once, whatever the age.
+    await gauge.refresh(database)
+    assert value(registry, "taskfleet_api_database_up") == 1
+    assert value(registry, "taskfleet_queue_depth", lane="normal", group="default") == 0
