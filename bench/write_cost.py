@@ -145,6 +145,9 @@ async def long_tasks(url: str, n: int, window: float) -> dict[str, Any]:
         workers = await start_workers(url, 2, (n + 1) // 2)
         try:
             await wait_for(conn, "SELECT count(*) FROM taskfleet.tasks WHERE status = 'running'", n)
+            # The claiming connections then sit idle, and an idle backend reports its counters
+            # only every 10 s: let the claims' updates land before the window opens.
+            await asyncio.sleep(11)
             before = await snapshot(conn)
             await asyncio.sleep(window)
             result = await delta(conn, before, running=n)

@@ -875,46 +875,40 @@ worker_tick = _query(
           AND w.pid = CAST(:pid AS int)
         RETURNING w.id
     ),
-    -- The tasks it holds (only those it names: a row left running under this id by an
-    -- earlier process, a crash or a lost claim reply, must expire and be rescued, not be kept
-    -- alive forever), fenced by attempt. Read, not locked: their cancel flags come from here.
+    -- The tasks it holds, fenced by attempt: their cancel flags. Read, never written: a
+    -- running task's lease is its worker's heartbeat (the row above), so a heartbeat writes no
+    -- task row at all, however many tasks run.
     held AS (
-        SELECT t.id, t.cancel_requested,
-               t.lease_expires_at IS NULL
-               OR t.lease_expires_at < now() + make_interval(
-                   secs => CAST(:lease_renew_within AS float8)) AS due
+        SELECT t.id, t.cancel_requested
         FROM taskfleet.tasks t
         JOIN unnest(CAST(:held AS bigint[]), CAST(:held_attempts AS int[])) AS h(id, attempt)
           ON t.id = h.id AND t.attempts = h.attempt
         WHERE t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
           AND t.id = ANY(CAST(:held AS bigint[]))
     ),
-    -- Renewed only once less than :lease_renew_within seconds are left (policy/leases.py):
-    -- a renewal is a row version, so not at every beat. A HOT update: no index holds
-    -- lease_expires_at. A row locked by someone else right now (a finish of ours in flight, a
-    -- cancel) is skipped, not waited for: the heartbeat never queues behind a row lock.
-    renewable AS (
-        SELECT t.id FROM taskfleet.tasks t
-        WHERE t.id = ANY(ARRAY(SELECT held.id FROM held WHERE held.due))
-          AND t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
-        FOR UPDATE OF t SKIP LOCKED
-    ),
-    leases AS (
-        UPDATE taskfleet.tasks t
-        SET lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
-        FROM renewable
-        WHERE t.id = renewable.id
-        RETURNING t.id
-    ),
     -- The sweep, when due, by one worker at a time (try-lock: a busy lock means someone sweeps).
     sweep_lock AS (
         SELECT CAST(:sweep AS boolean)
                AND pg_try_advisory_xact_lock(CAST(:sweep_lock_key AS bigint)) AS held
     ),
+    -- Expired: past the lease the claim gave it (claimed more than a lease ago), and no live
+    -- process vouches for it: its worker stopped heartbeating a lease ago (or its row is gone),
+    -- or it is this worker's own row that this process does not hold (left by an earlier
+    -- process under the same id, or a claim whose reply was lost). A live worker's tasks never
+    -- expire, however long they run; a killed worker's expire a lease after its last beat.
+    -- The running rows are few (no more than the fleet's slots): read through
+    -- tasks_running_worker_idx.
     expired AS (
-        SELECT t.id FROM taskfleet.tasks t, sweep_lock
+        SELECT t.id
+        FROM taskfleet.tasks t
+        CROSS JOIN sweep_lock
+        LEFT JOIN taskfleet.workers w ON w.id = t.worker_id
         WHERE sweep_lock.held AND t.status = 'running' AND t.lease_expires_at < now()
-          AND NOT (t.worker_id = CAST(:worker_id AS text) AND t.id = ANY(CAST(:held AS bigint[])))
+          AND NOT EXISTS (SELECT 1 FROM held WHERE held.id = t.id)  -- at the attempt it runs
+          AND (t.worker_id = CAST(:worker_id AS text)
+               OR w.id IS NULL
+               OR w.last_heartbeat
+                  < now() - make_interval(secs => CAST(:lease_ttl AS float8)))
         FOR UPDATE OF t SKIP LOCKED
     ),
     -- Expired leases: back to pending (the attempt stays counted), or failed when exhausted,

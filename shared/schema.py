@@ -111,8 +111,7 @@ tasks = Table(
         "id",
         postgresql_where=text("status = 'pending' AND priority = 0 AND labels <> '{}'"),
     ),
-    # The running rows (lease sweep, heartbeat, a worker's tasks). No index holds
-    # lease_expires_at: a lease renewal is then a HOT update.
+    # The running rows (lease sweep, heartbeat, a worker's tasks).
     Index("tasks_running_worker_idx", "worker_id", postgresql_where=text("status = 'running'")),
     # unique_key is unique while the task is not finished.
     Index(
@@ -138,8 +137,6 @@ tasks = Table(
         text("(payload ->> 'requestID')"),
         postgresql_where=text("type = 'updateWorkerRuntimeConfig'"),
     ),
-    # Room on each page for the HOT update of a lease renewal.
-    postgresql_with={"fillfactor": 90},
 )
 
 workers = Table(

@@ -1,5 +1,5 @@
-"""The heartbeat: one statement per tick refreshes the worker row and the leases this process
-holds that are due for renewal (policy/leases.py), returns the cancellations requested, runs
+"""The heartbeat: one statement per tick refreshes the worker row (which is the lease of every
+task this process runs: no task row is written), returns the cancellations requested, runs
 the lease sweep when due (one worker at a time, under an advisory lock), reports the latest
 config version, whether a control task waits and whether rows are due for pruning (the pruner
 deletes them on its own connection).
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from taskfleet.shared import queries
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
-from taskfleet.shared.policy.leases import renewal_margin
 from taskfleet.shared.policy.retention import RUNTIME_CONFIG_VERSIONS_KEPT
 from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line
@@ -92,7 +91,6 @@ class Heartbeat:
         retry = LoopBackoff(base=0.2, cap=interval)
         retention = settings.retention
         prune_statuses, prune_keep = retention.task_cutoffs()
-        renew_within = renewal_margin(settings.lease_ttl, settings.heartbeat_interval)
         while True:
             await asyncio.sleep(max(0.0, min(next_tick, next_sweep) - self._clock()))
             now = self._clock()
@@ -111,7 +109,6 @@ class Heartbeat:
                     held=[task_id for task_id, _ in state.held],
                     held_attempts=[attempt for _, attempt in state.held],
                     lease_ttl=settings.lease_ttl,
-                    lease_renew_within=renew_within,
                     sweep=sweep,
                     sweep_lock_key=queries.SWEEP_LOCK_KEY,
                     prune_statuses=prune_statuses,

@@ -4,7 +4,7 @@ The parts, one job each (docs/architecture.md has the picture):
 - ``claim_loop.py``: the one scheduler loop; claims into free slots.
 - ``executor.py``: runs each claimed attempt and turns it into an outcome.
 - ``outcomes.py``: the outcome queue and the finish loop that writes it.
-- ``heartbeat.py``: one statement per tick (worker row, leases, sweep, cancels, config poll).
+- ``heartbeat.py``: one statement per tick (worker row = the leases, sweep, cancels, config).
 - ``pruner.py``: retention: deletes finished tasks and old rows in bounded batches.
 - ``config_follower.py``: reads and applies new runtime config versions.
 - ``config_update.py``: the control-lane task that writes a version and follows convergence.
