@@ -13,8 +13,9 @@ no index entry written) and deleted tuples of ``taskfleet.tasks`` and ``taskflee
   longer than the window; WAL and row versions over ``--window`` seconds of nothing but
   heartbeats and sweeps (per running task per minute).
 
-Prints one JSON line per workload. A checkpoint inside a window adds full-page images; each
-line says how many checkpoints ran (``pg_stat_bgwriter`` / ``pg_stat_checkpointer``).
+Prints one JSON line per workload; each workload has a database of its own, dropped before the
+next one starts. A checkpoint or an autovacuum inside a window adds WAL; each line says how many
+checkpoints ran (``pg_stat_bgwriter`` / ``pg_stat_checkpointer``).
 """
 
 from __future__ import annotations
@@ -176,6 +177,10 @@ async def main(args: argparse.Namespace) -> None:
                 wurl = url.replace("/postgres?", f"/{dbname}?")
                 await upgrade_async(wurl)
                 print(json.dumps(await workload(wurl)), flush=True)
+                # Gone before the next workload: its autovacuum would write WAL in that window.
+                admin = await asyncpg.connect(url)
+                await admin.execute(f'DROP DATABASE "{dbname}" WITH (FORCE)')
+                await admin.close()
         finally:
             server.stop()
 
