@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from taskfleet.shared.policy.retention import PRUNED_KINDS
+
 LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -54,6 +56,7 @@ class WorkerMetrics:
     lease_rescues: Counter
     heartbeat_failures: Counter
     notifications: Counter
+    pruned: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> WorkerMetrics:
@@ -157,6 +160,7 @@ class WorkerMetrics:
                 ["channel", "result"],
                 registry=r,
             ),
+            pruned=_pruned_counter(r),
         )
 
 
@@ -176,7 +180,8 @@ class ApiMetrics:
         return cls(
             queue_depth=Gauge(
                 "taskfleet_queue_depth",
-                "Pending tasks by lane and normal-lane group (from Postgres at scrape time).",
+                "Pending tasks by lane and normal-lane group (from Postgres; exact up to 1,000, "
+                "the planner's estimate past it).",
                 ["lane", "group"],
                 registry=r,
             ),
@@ -213,3 +218,17 @@ class ApiMetrics:
                 registry=r,
             ),
         )
+
+
+def _pruned_counter(registry: CollectorRegistry) -> Counter:
+    counter = Counter(
+        "taskfleet_pruned",
+        "Rows deleted by retention, by status: completed, failed, cancelled (finished tasks), "
+        "worker (offline worker rows), runtime_config (old config versions).",
+        ["status"],
+        registry=registry,
+    )
+    # Every series from the start: a dashboard's rate() has a zero to start from.
+    for kind in PRUNED_KINDS:
+        counter.labels(status=kind)
+    return counter

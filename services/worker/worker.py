@@ -4,7 +4,8 @@ The parts, one job each (docs/architecture.md has the picture):
 - ``claim_loop.py``: the one scheduler loop; claims into free slots.
 - ``executor.py``: runs each claimed attempt and turns it into an outcome.
 - ``outcomes.py``: the outcome queue and the finish loop that writes it.
-- ``heartbeat.py``: one statement per tick (worker row, leases, sweep, cancels, config poll).
+- ``heartbeat.py``: one statement per tick (worker row = the leases, sweep, cancels, config).
+- ``pruner.py``: retention: deletes finished tasks and old rows in bounded batches.
 - ``config_follower.py``: reads and applies new runtime config versions.
 - ``config_update.py``: the control-lane task that writes a version and follows convergence.
 - ``listener.py``: LISTEN on a dedicated connection, reconnecting with backoff.
@@ -53,6 +54,7 @@ from taskfleet.worker.heartbeat import Heartbeat, TickHandlers, TickState
 from taskfleet.worker.invocation import HandlerRunner
 from taskfleet.worker.listener import Listener
 from taskfleet.worker.outcomes import OutcomeWriter
+from taskfleet.worker.pruner import Pruner
 from taskfleet.worker.readiness import ReadinessInputs, not_ready_reasons
 from taskfleet.worker.slots import Slots
 from taskfleet.worker.stopping import stop_tasks
@@ -168,7 +170,17 @@ class Worker:
                 control_pending=self._control_pending,
                 unregistered=self._unregistered,
                 schema_revisions=self._schema_seen,
+                prune_due=lambda: self.pruner.due(),
             ),
+            clock=clock,
+        )
+        # Retention on a connection of its own, opened the first time something is due.
+        self._prune_db = Database(url, "taskfleet-worker-prune", synchronous_commit=sync)
+        self.pruner = Pruner(
+            policy=settings.retention,
+            database=self._prune_db,
+            metrics=self.metrics,
+            budget=settings.sweep_interval,
             clock=clock,
         )
         self.listener = Listener(
@@ -254,6 +266,7 @@ class Worker:
             asyncio.create_task(self.claim_loop.run(), name="claim-loop"),
             asyncio.create_task(self.outcomes.run(), name="finish-loop"),
             asyncio.create_task(self.heartbeat.run(), name="tick-loop"),
+            asyncio.create_task(self.pruner.run(), name="prune-loop"),
         ]
         self.ready.set()
         log.info(
@@ -426,6 +439,7 @@ class Worker:
         await self._claim_db.close()
         await self._io_db.close()
         await self._tick_db.close()
+        await self._prune_db.close()
 
     async def _set_status(self, status: WorkerStatus) -> None:
         await self._io_db.fetch(
