@@ -86,6 +86,9 @@ class Worker:
         #: The task types this worker has handlers for: it registers them and claims only
         #: them (and the control task, which every worker runs).
         self.task_types = registry.runnable_types()
+        self.metrics.initialise(
+            types=[*self.task_types, RUNTIME_CONFIG_TASK_TYPE], channels=protocol.CHANNELS
+        )
         self.status = "starting"
         self.metrics_port: int | None = None
         self.hostname = socket.gethostname()
@@ -118,7 +121,10 @@ class Worker:
 
         self.slots = Slots(settings.concurrency, self.metrics)
         self.outcomes = OutcomeWriter(
-            self._io_db, self.id, on_retry_written=lambda: self.claim_loop.hint_work()
+            self._io_db,
+            self.id,
+            self.metrics,
+            on_retry_written=lambda: self.claim_loop.hint_work(),
         )
         self.config = ConfigFollower(
             worker_id=self.id,
