@@ -23,8 +23,9 @@ from taskfleet.shared.policy.lanes import Lane
 
 #: ``taskfleet_task_outcomes_total{outcome}``: how an attempt ended, as written.
 OUTCOMES = ("completed", "retried", "failed", "cancelled", "released")
-#: ``taskfleet_lease_rescues_total{outcome}``: the status a rescued task was given.
-RESCUE_OUTCOMES = ("pending", "failed")
+#: ``taskfleet_lease_rescues_total{outcome}``: the status a rescued task was given (cancelled:
+#: its cancel had been requested).
+RESCUE_OUTCOMES = ("pending", "failed", "cancelled")
 #: ``taskfleet_worker_claim_queries_total{result}``.
 CLAIM_RESULTS = ("claimed", "empty")
 #: ``taskfleet_worker_notifications_total{result}``.
@@ -196,7 +197,8 @@ class WorkerMetrics:
             ),
             lease_rescues=Counter(
                 "taskfleet_lease_rescues",
-                "Expired leases swept by this worker, by outcome (pending again, or failed).",
+                "Expired leases swept by this worker, by outcome (pending again, failed, or "
+                "cancelled when a cancel was requested).",
                 ["outcome"],
                 registry=r,
             ),
