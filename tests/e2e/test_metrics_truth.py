@@ -110,6 +110,7 @@ async def test_a_stalled_worker_counts_nothing_twice_and_is_named_by_the_config_
             histogram = "anclax_runtime_config_convergence_seconds"
             assert await _total(workers, f"{histogram}_count") == 1
             assert await _total(workers, f"{histogram}_sum") == doc["seconds"]
+            print(f"\nconverged around a stalled worker in {doc['seconds']:.3f}s, everywhere")
             excluded = "taskfleet_runtime_config_excluded_workers_total"
             assert await _total(workers, excluded, reason="heartbeat expired") == 1
             applied = "anclax_worker_runtime_config_version"
