@@ -48,6 +48,9 @@ log = logging.getLogger("taskfleet.api.runtime_config")
 POLL_MIN_SECONDS = 0.02
 POLL_MAX_SECONDS = 0.2
 POLL_GROWTH = 1.5
+#: How long after the database shows a change's outcome the stream keeps polling quickly for
+#: the update task's result (it normally comes within milliseconds).
+OUTCOME_IMMINENT_SECONDS = 2.0
 #: A progress event goes out at least this often, changed or not, so that clients and proxies
 #: can tell a quiet stream from a dead one.
 PROGRESS_HEARTBEAT_SECONDS = 15.0
@@ -302,6 +305,8 @@ async def watch_request(
     last_progress: Event | None = None
     last_progress_at = loop.time()
     interval = POLL_MIN_SECONDS
+    #: When the database first showed the outcome the update task has not written yet.
+    decided_at: float | None = None
     while True:
         changed = False
         try:
@@ -330,6 +335,15 @@ async def watch_request(
             if final is not None:
                 yield final
                 return
+            view = snapshot.view()
+            if view is None or decide(view) is None:
+                decided_at = None
+            else:
+                # The database shows the outcome; the update task is about to write it: look
+                # again soon rather than after the backed-off interval (for a while: a task
+                # that does not come, its worker gone, is waited for at the usual pace).
+                decided_at = now if decided_at is None else decided_at
+                changed = changed or now - decided_at < OUTCOME_IMMINENT_SECONDS
         if now >= deadline:
             yield timeout_event(last, version)
             return
