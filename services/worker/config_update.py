@@ -46,7 +46,7 @@ from taskfleet.shared.policy.runtime_config import (
 from taskfleet.shared.registry import PermanentError
 from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.outcomes import ControlResult
-from taskfleet.worker.regroup import finish_regrouping, start_regrouping
+from taskfleet.worker.regroup import start_regrouping
 
 log = logging.getLogger("taskfleet.worker.config")
 
@@ -59,6 +59,9 @@ class ConfigWriter:
     metrics: WorkerMetrics
     #: Apply the written version on this worker at once (not at its next notification).
     refresh_local: Callable[[], None]
+    #: Hand over work that goes on after the task (the re-grouping): the worker stops it when
+    #: it stops. The task's outcome is the change's answer and must not wait for it.
+    keep: Callable[[asyncio.Task[None]], None]
 
     async def __call__(self, task_id: int, payload: Any) -> ControlResult:
         return await run_config_update(self, task_id, payload)
@@ -224,4 +227,5 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
         if not conn.is_closed():
             conn.terminate()
         if regrouping is not None:
-            await finish_regrouping(regrouping)
+            # It goes on, bounded by its budget, after the outcome is reported.
+            writer.keep(regrouping)

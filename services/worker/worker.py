@@ -103,6 +103,8 @@ class Worker:
         self._stop = asyncio.Event()
         self._force_stop = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
+        #: Work that outlives the task that started it (a config change's re-grouping).
+        self._background: set[asyncio.Task[None]] = set()
         #: Set once registered and claiming; tests and /readyz wait on it.
         self.ready = asyncio.Event()
 
@@ -144,7 +146,9 @@ class Worker:
             outcomes=self.outcomes,
             metrics=self.metrics,
             backoff=BackoffPolicy(base=settings.retry_base, cap=settings.retry_cap),
-            run_control=ConfigWriter(settings, self.metrics, self.config.schedule_refresh),
+            run_control=ConfigWriter(
+                settings, self.metrics, self.config.schedule_refresh, self._keep
+            ),
             on_control_slot_freed=lambda: self.claim_loop.control_slot_freed(),
             clock=clock,
         )
@@ -425,7 +429,13 @@ class Worker:
         self.status = "stopped"
         log.info("worker %s stopped", self.id)
 
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _close(self) -> None:
+        # Unfinished re-grouping is left to the lease sweeps of the workers that stay.
+        await stop_tasks(self._background)
         self.handlers.shutdown()
         self.config.close()
         await self.listener.stop()

@@ -366,6 +366,28 @@ async def test_a_worker_left_out_is_named_and_the_convergence_time_has_one_answe
     assert total(excluded, reason="heartbeat expired") == 1
 
 
+async def test_the_outcome_does_not_wait_for_the_regrouping(
+    client: httpx.AsyncClient, fleet: list[Worker], database_url: str
+) -> None:
+    # A transaction open across the change holds the re-grouping back (an insert in it may
+    # have read the old labels); the change's outcome, the update task's result, must not wait.
+    async with contextlib.AsyncExitStack() as stack:
+        racer = await db.connect(database_url)
+        stack.push_async_callback(racer.close)
+        transaction = racer.transaction()
+        await transaction.start()
+        stack.push_async_callback(transaction.rollback)
+        await racer.execute("SELECT txid_current()")
+        async with put_stream(client, {"labelWeights": {"a": 2}}, params={"timeout": "20"}) as s:
+            events = await s.rest()
+        assert events[-1]["event"] == "converged", events
+        waiting = await racer.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'taskfleet-regroup'"
+            " AND datname = current_database()"
+        )
+        assert waiting == 1  # still re-grouping in the background, after the outcome
+
+
 async def test_sse_sends_each_event_as_an_event_and_data_pair(
     client: httpx.AsyncClient, fleet: list[Worker]
 ) -> None:
