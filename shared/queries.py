@@ -545,7 +545,7 @@ task_claim = _query(
     finished AS (
         UPDATE taskfleet.tasks t
         {_FINISH_SET}
-        RETURNING t.id
+        RETURNING t.id, t.status
     ),
     -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
     -- cap, into the worker's extra control slot (control_limit is 0 or 1).
@@ -666,7 +666,10 @@ task_claim = _query(
     -- Always one row at least, so the probe result and the written outcomes come back when
     -- nothing was claimed.
     SELECT waiting.strict_waiting, waiting.normal_waiting,
-           ARRAY(SELECT finished.id FROM finished) AS finished_ids,
+           ARRAY(SELECT finished.id FROM finished ORDER BY finished.id) AS finished_ids,
+           -- The status each was given (the outcome counters count what was written).
+           ARRAY(SELECT finished.status FROM finished ORDER BY finished.id)
+               AS finished_statuses,
            contended.groups AS contended_groups, waiting.strict_contended,
            claimed.*
     FROM waiting CROSS JOIN contended LEFT JOIN claimed ON true
@@ -704,9 +707,9 @@ task_release = _query(
         WHERE t.id = r.id AND t.id = ANY(CAST(:ids AS bigint[]))
           AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
           AND t.attempts = r.attempt
-        RETURNING t.id
+        RETURNING t.id, t.status
     )
-    SELECT released.id FROM released
+    SELECT released.id, released.status FROM released
     CROSS JOIN (SELECT pg_notify('{TASK_READY_CHANNEL}', '')) AS wake
     """,
 )
@@ -1076,19 +1079,39 @@ runtime_config_insert = _query(
 runtime_config_convergence = _query(
     "runtime_config_convergence",
     f"""
-    -- Decided by the database, not by ACKs: the alive workers and the version each applied.
+    -- Decided by the database, not by ACKs: the alive workers and the version each applied;
+    -- and the workers left out (alive after the version was written, not alive now, and
+    -- behind it), with their status for the reason (policy/convergence.py).
+    WITH target AS (
+        SELECT c.created_at FROM taskfleet.worker_runtime_configs c
+        WHERE c.version = CAST(:version AS bigint)
+    ),
+    -- Alive, or possibly left out: no other worker row matters.
+    fleet AS (
+        SELECT w.id, w.status, w.applied_config_version < CAST(:version AS bigint) AS behind,
+               {_ALIVE} AS alive,
+               w.last_heartbeat + 3 * w.heartbeat_interval * interval '1 second' AS expires_at
+        FROM taskfleet.workers w
+        WHERE {_ALIVE}
+           OR (w.applied_config_version < CAST(:version AS bigint)
+               AND w.last_heartbeat + 3 * w.heartbeat_interval * interval '1 second'
+                   > (SELECT created_at FROM target))
+    )
     SELECT (SELECT COALESCE(max(version), 0) FROM taskfleet.worker_runtime_configs) AS latest,
-           count(w.id) AS alive_workers,
-           count(w.id) FILTER (WHERE w.applied_config_version >= CAST(:version AS bigint))
-               AS applied_workers,
-           COALESCE(array_agg(w.id ORDER BY w.id)
-                    FILTER (WHERE w.applied_config_version < CAST(:version AS bigint)),
+           count(*) FILTER (WHERE f.alive) AS alive_workers,
+           count(*) FILTER (WHERE f.alive AND NOT f.behind) AS applied_workers,
+           COALESCE(array_agg(f.id ORDER BY f.id) FILTER (WHERE f.alive AND f.behind),
                     ARRAY[]::text[]) AS lagging,
-           CAST(EXTRACT(EPOCH FROM now() - (
-               SELECT c.created_at FROM taskfleet.worker_runtime_configs c
-               WHERE c.version = CAST(:version AS bigint))) AS float8) AS seconds_since_insert
-    FROM taskfleet.workers w
-    WHERE {_ALIVE}
+           -- When the first lagging worker stops counting as alive, unless it applies first.
+           CAST(EXTRACT(EPOCH FROM min(f.expires_at) FILTER (WHERE f.alive AND f.behind)
+                                   - now()) AS float8) AS lagging_expire_in,
+           COALESCE(array_agg(f.id ORDER BY f.id) FILTER (WHERE NOT f.alive),
+                    ARRAY[]::text[]) AS excluded,
+           COALESCE(array_agg(f.status ORDER BY f.id) FILTER (WHERE NOT f.alive),
+                    ARRAY[]::text[]) AS excluded_statuses,
+           CAST(EXTRACT(EPOCH FROM now() - (SELECT created_at FROM target)) AS float8)
+               AS seconds_since_insert
+    FROM fleet f
     """,
 )
 

@@ -88,6 +88,9 @@ class Worker:
         #: The task types this worker has handlers for: it registers them and claims only
         #: them (and the control task, which every worker runs).
         self.task_types = registry.runnable_types()
+        self.metrics.initialise(
+            types=[*self.task_types, RUNTIME_CONFIG_TASK_TYPE], channels=protocol.CHANNELS
+        )
         self.status = "starting"
         self.metrics_port: int | None = None
         self.hostname = socket.gethostname()
@@ -102,6 +105,8 @@ class Worker:
         self._stop = asyncio.Event()
         self._force_stop = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
+        #: Work that outlives the task that started it (a config change's re-grouping).
+        self._background: set[asyncio.Task[None]] = set()
         #: Set once registered and claiming; tests and /readyz wait on it.
         self.ready = asyncio.Event()
 
@@ -120,7 +125,10 @@ class Worker:
 
         self.slots = Slots(settings.concurrency, self.metrics)
         self.outcomes = OutcomeWriter(
-            self._io_db, self.id, on_retry_written=lambda: self.claim_loop.hint_work()
+            self._io_db,
+            self.id,
+            self.metrics,
+            on_retry_written=lambda: self.claim_loop.hint_work(),
         )
         self.config = ConfigFollower(
             worker_id=self.id,
@@ -140,7 +148,9 @@ class Worker:
             outcomes=self.outcomes,
             metrics=self.metrics,
             backoff=BackoffPolicy(base=settings.retry_base, cap=settings.retry_cap),
-            run_control=ConfigWriter(settings, self.metrics, self.config.schedule_refresh),
+            run_control=ConfigWriter(
+                settings, self.metrics, self.config.schedule_refresh, self._keep
+            ),
             on_control_slot_freed=lambda: self.claim_loop.control_slot_freed(),
             clock=clock,
         )
@@ -432,7 +442,13 @@ class Worker:
         self.status = "stopped"
         log.info("worker %s stopped", self.id)
 
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _close(self) -> None:
+        # Unfinished re-grouping is left to the lease sweeps of the workers that stay.
+        await stop_tasks(self._background)
         self.handlers.shutdown()
         self.config.close()
         await self.listener.stop()

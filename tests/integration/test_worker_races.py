@@ -97,7 +97,10 @@ async def test_a_cancel_before_an_attempts_first_step_still_frees_its_slot() -> 
     slots = Slots(2, metrics)
     # Never connected: queueing an outcome does not touch the database.
     outcomes = OutcomeWriter(
-        Database("postgresql://unused/unused", "test"), "w1", on_retry_written=lambda: None
+        Database("postgresql://unused/unused", "test"),
+        "w1",
+        metrics,
+        on_retry_written=lambda: None,
     )
     executor = Executor(
         registry=kit.make_registry(),
