@@ -109,7 +109,18 @@ async def test_a_killed_server_connection_costs_no_task(
             )
             rows = await wait_tasks(conn, second, {"completed"})
             assert all(r["attempts"] == 1 for r in rows.values())
+            # Harder: PgBouncer drops every client and server connection of the database
+            # (KILL), and holds new ones until RESUME. The worker's connections break, and
+            # reconnect once it resumes.
+            await pgbouncer.admin(f"KILL {database_name(database_url)}")
+            await pgbouncer.admin(f"RESUME {database_name(database_url)}")
+            third = await submit(
+                conn, "kit.count", [{"key": "kill", "i": i} for i in range(15, 25)]
+            )
+            rows = await wait_tasks(conn, third, {"completed"})
+            assert all(r["attempts"] == 1 for r in rows.values())
         await wait_until(lambda: worker.not_ready_reasons() == [], "worker ready again")
+        assert worker.status == "running"
     finally:
         await run.stop()
 
