@@ -61,7 +61,7 @@ class CommonSettings(LoggingSettings):
         description="none (default): DATABASE_URL is Postgres itself (or a session-mode pool). "
         "transaction: DATABASE_URL is a transaction-mode pooler such as PgBouncer; no session "
         "state is kept between transactions (no startup parameters, no cached prepared "
-        "statements, settings by SET LOCAL). Requires TASKFLEET_LISTEN_DATABASE_URL.",
+        "statements, settings by SET LOCAL). A worker then requires TASKFLEET_LISTEN_DATABASE_URL.",
     )
     task_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -73,17 +73,6 @@ class CommonSettings(LoggingSettings):
     )
 
     _split_modules = field_validator("task_modules", mode="before")(_split_csv)
-
-    @model_validator(mode="after")
-    def _pooler_has_a_listen_url(self) -> CommonSettings:
-        if self.database_pooler == "transaction" and self.listen_database_url is None:
-            raise ValueError(
-                "TASKFLEET_DATABASE_POOLER=transaction needs TASKFLEET_LISTEN_DATABASE_URL: a "
-                "transaction-mode pooler hands each transaction to any server connection, so "
-                "LISTEN through it would lose its notifications; point "
-                "TASKFLEET_LISTEN_DATABASE_URL at Postgres itself (or a session-mode pool)"
-            )
-        return self
 
     @property
     def listen_url(self) -> DatabaseURL:
@@ -134,6 +123,17 @@ class WorkerSettings(CommonSettings):
     )
     retry_base: float = Field(default=1.0, gt=0, description="Retry backoff base (default 1 s).")
     retry_cap: float = Field(default=300.0, gt=0, description="Retry backoff cap (default 300 s).")
+
+    @model_validator(mode="after")
+    def _pooler_has_a_listen_url(self) -> WorkerSettings:
+        if self.database_pooler == "transaction" and self.listen_database_url is None:
+            raise ValueError(
+                "TASKFLEET_DATABASE_POOLER=transaction needs TASKFLEET_LISTEN_DATABASE_URL for "
+                "a worker: a transaction-mode pooler hands each transaction to any server "
+                "connection, so LISTEN through it would lose its notifications; point "
+                "TASKFLEET_LISTEN_DATABASE_URL at Postgres itself (or a session-mode pool)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _timers_fit_together(self) -> WorkerSettings:

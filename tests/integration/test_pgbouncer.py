@@ -24,7 +24,7 @@ import pytest
 
 from taskfleet.api.app import create_app
 from taskfleet.shared import migrations
-from taskfleet.shared.settings import ApiSettings
+from taskfleet.shared.settings import ApiSettings, WorkerSettings
 from taskfleet.testing import with_database
 from tests.integration.workerkit import (
     build_worker,
@@ -141,9 +141,11 @@ async def test_without_the_pooler_setting_a_worker_stops_with_the_reason(
     assert "TASKFLEET_DATABASE_POOLER=transaction" in message
 
 
-def test_the_pooler_setting_requires_a_direct_listen_url(database_url: str) -> None:
+def test_a_pooled_worker_requires_a_direct_listen_url(database_url: str) -> None:
     with pytest.raises(ValueError, match="TASKFLEET_LISTEN_DATABASE_URL"):
-        ApiSettings(database_url=database_url, database_pooler="transaction", auth_disabled=True)
+        WorkerSettings(database_url=database_url, database_pooler="transaction")
+    # The API does not LISTEN: the setting alone is enough.
+    ApiSettings(database_url=database_url, database_pooler="transaction", auth_disabled=True)
 
 
 @pytest.fixture
