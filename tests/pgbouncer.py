@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -140,11 +141,15 @@ def start(server_url: str, *, pool_size: int = 4, timeout: float = 15.0) -> PgBo
     )
     command = [exe]
     if os.geteuid() == 0:
-        # PgBouncer refuses to run as root.
-        command += ["-u", "postgres"]
-        shutil.chown(workdir, "postgres")
+        # PgBouncer refuses to run as root: it runs as postgres, or, in front of a server on a
+        # unix socket (the embedded one), as the owner of the socket's directory.
+        user = "postgres"
+        if host.startswith("/"):
+            user = pwd.getpwuid(os.stat(host).st_uid).pw_name
+        command += ["-u", user]
+        shutil.chown(workdir, user)
         for path in workdir.iterdir():
-            shutil.chown(path, "postgres")
+            shutil.chown(path, user)
     command.append(str(workdir / "pgbouncer.ini"))
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
