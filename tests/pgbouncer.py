@@ -133,7 +133,6 @@ def start(server_url: str, *, pool_size: int = 4, timeout: float = 15.0) -> PgBo
                 "ignore_startup_parameters = extra_float_digits",
                 f"default_pool_size = {pool_size}",
                 "max_client_conn = 500",
-                "server_check_delay = 0",
                 f"logfile = {workdir / 'pgbouncer.log'}",
                 "",
             ]
