@@ -19,7 +19,7 @@ import sqlalchemy.exc
 from sqlalchemy import TextClause, event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from taskfleet.shared.db import sqlalchemy_url
+from taskfleet.shared.db import POOLED_STARTUP_PARAMETERS, sqlalchemy_url
 from taskfleet.shared.queries import Query
 
 # SQLSTATE classes and codes that mean "the database cannot serve us now", not "we sent
@@ -183,6 +183,7 @@ class Database:
         }
         if pooled:
             connect_args.update(pooler_connect_args())
+            connect_args["server_settings"] = dict(POOLED_STARTUP_PARAMETERS)
         engine = create_async_engine(
             sqlalchemy_url(url),
             pool_size=pool_size,
