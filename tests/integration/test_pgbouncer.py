@@ -77,10 +77,16 @@ async def test_a_worker_claims_finishes_and_wakes_through_pgbouncer(
     worker = build_worker(database_url, **pooled(pgbouncer, database_url), **NO_POLL)
     run = await start(worker)
     try:
-        # Its connections go through PgBouncer (the LISTEN connection does not), all under
-        # one application_name, so PgBouncer need not SET it at each hand-out.
-        names = await clients_through(pgbouncer, database_name(database_url))
-        assert len(names) >= 2 and set(names) == {"taskfleet"}, names
+        # Its three connections (claim, io, tick) go through PgBouncer, the LISTEN connection
+        # does not; all under one application_name, so PgBouncer need not SET it at each
+        # hand-out.
+        database = database_name(database_url)
+
+        async def three_clients() -> bool:
+            return len(await clients_through(pgbouncer, database)) == 3
+
+        await wait_until(three_clients, "the worker's three connections on PgBouncer")
+        assert await clients_through(pgbouncer, database) == ["taskfleet"] * 3
         async with connect(database_url) as conn:
             # Submitted after the worker went idle: with no poll due, only the NOTIFY on the
             # direct LISTEN connection can wake it.
