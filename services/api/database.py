@@ -22,9 +22,19 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from taskfleet.shared.db import POOLED_STARTUP_PARAMETERS, sqlalchemy_url
 from taskfleet.shared.queries import Query
 
+_POOLER_REASON = (
+    "database prepared statements collide: DATABASE_URL is a transaction-mode pooler "
+    "(PgBouncer); set TASKFLEET_DATABASE_POOLER=transaction"
+)
+
 # SQLSTATE classes and codes that mean "the database cannot serve us now", not "we sent
 # something wrong", each with the reason the 503 gives. Checked in order, the first match wins.
 _UNAVAILABLE_SQLSTATES: tuple[tuple[str, str], ...] = (
+    # A prepared statement of the same name already there, or ours gone: taskfleet names none
+    # itself, so DATABASE_URL is a transaction-mode pooler sharing server connections between
+    # clients that cache statements. Nothing is written; the operator has a setting to fix.
+    ("42P05", _POOLER_REASON),  # duplicate_prepared_statement
+    ("26000", _POOLER_REASON),  # invalid_sql_statement_name
     ("3D000", "database does not exist"),
     ("3F000", "database schema is not migrated (run taskfleet migrate)"),  # invalid schema
     ("42P01", "database schema is not migrated (run taskfleet migrate)"),  # undefined table
