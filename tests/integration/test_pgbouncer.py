@@ -24,8 +24,10 @@ import pytest
 
 from taskfleet.api.app import create_app
 from taskfleet.shared import migrations
+from taskfleet.shared.queries import Query
 from taskfleet.shared.settings import ApiSettings, WorkerSettings
 from taskfleet.testing import with_database
+from taskfleet.worker.database import Database
 from tests.integration.workerkit import (
     build_worker,
     connect,
@@ -146,6 +148,41 @@ async def test_without_the_pooler_setting_a_worker_stops_with_the_reason(
     message = "\n".join(r.getMessage() for r in caplog.records)
     assert "unsupported startup parameter" in message
     assert "TASKFLEET_DATABASE_POOLER=transaction" in message
+
+
+async def test_worker_settings_hold_for_each_statement_and_stay_in_it(
+    database_url: str, pgbouncer: PgBouncer
+) -> None:
+    """SET LOCAL through the pooler: the statement runs under the connection's settings (the
+    server's statement timeout ends a statement, and with it its locks), and the server
+    connection goes back to the pool without them."""
+    through = pgbouncer.url(database_url)
+    worker_db = Database(through, "t", synchronous_commit=False, statement_timeout=0.5, pooled=True)
+    settings = Query(
+        "t_settings",
+        "SELECT current_setting('synchronous_commit') AS sync, "
+        "current_setting('statement_timeout') AS timeout, pg_backend_pid() AS pid",
+    )
+    try:
+        (row,) = await worker_db.fetch(settings)
+        assert (row["sync"], row["timeout"]) == ("off", "500ms")
+        with pytest.raises(asyncpg.QueryCanceledError):
+            await worker_db.fetch(Query("t_sleep", "SELECT pg_sleep(5)"))
+        (row,) = await worker_db.fetch(settings)  # the connection is usable again
+        assert row["sync"] == "off"
+        server_pid = row["pid"]
+    finally:
+        await worker_db.close()
+    # Another client of the same pool gets that server connection (this database's pool has
+    # only the one, used one statement at a time) and sees the server's defaults: nothing
+    # stayed in the session.
+    other = await asyncpg.connect(through, statement_cache_size=0)
+    try:
+        assert await other.fetchval("SELECT pg_backend_pid()") == server_pid
+        assert await other.fetchval("SHOW synchronous_commit") == "on"
+        assert await other.fetchval("SHOW statement_timeout") == "0"
+    finally:
+        await other.close()
 
 
 def test_a_pooled_worker_requires_a_direct_listen_url(database_url: str) -> None:
