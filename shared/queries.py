@@ -1158,6 +1158,25 @@ server_connection_limit = _query(
 )
 
 
+def transaction_begin(settings: Mapping[str, str]) -> str:
+    """``BEGIN`` and ``SET LOCAL`` of each setting, in one simple-protocol round trip: how a
+    connection through a transaction-mode pooler gets settings that last exactly one
+    transaction (a session ``SET`` would stay on a server connection other clients get next).
+    Utility statements take no parameters, hence literals, quoted; the names and values come
+    from :func:`taskfleet.shared.db.session_settings`, never from input."""
+    parts = ["BEGIN"]
+    for name, value in settings.items():
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"not a setting name: {name!r}")
+        quoted = value.replace("'", "''")
+        parts.append(f"SET LOCAL {name} = '{quoted}'")
+    return "; ".join(parts)
+
+
+TRANSACTION_COMMIT = "COMMIT"
+TRANSACTION_ROLLBACK = "ROLLBACK"
+
+
 def server_max_connections_set(max_connections: int) -> str:
     """``ALTER SYSTEM SET max_connections`` (effective after a restart), for the embedded dev
     server. A utility statement takes no parameters, hence the literal, from an ``int`` only."""

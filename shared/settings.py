@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import socket
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
@@ -67,6 +67,13 @@ class CommonSettings(LoggingSettings):
         description="Optional URL for LISTEN connections (PgBouncer in transaction mode in front "
         "of DATABASE_URL cannot LISTEN). Defaults to DATABASE_URL.",
     )
+    database_pooler: Literal["none", "transaction"] = Field(
+        default="none",
+        description="none (default): DATABASE_URL is Postgres itself (or a session-mode pool). "
+        "transaction: DATABASE_URL is a transaction-mode pooler such as PgBouncer; no session "
+        "state is kept between transactions (no startup parameters, no cached prepared "
+        "statements, settings by SET LOCAL). A worker then requires TASKFLEET_LISTEN_DATABASE_URL.",
+    )
     task_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated importable modules whose handlers are registered, besides "
@@ -81,6 +88,11 @@ class CommonSettings(LoggingSettings):
     @property
     def listen_url(self) -> DatabaseURL:
         return self.listen_database_url or self.database_url
+
+    @property
+    def pooled(self) -> bool:
+        """DATABASE_URL is a transaction-mode pooler: keep no session state on it."""
+        return self.database_pooler == "transaction"
 
 
 class WorkerSettings(CommonSettings):
@@ -144,6 +156,17 @@ class WorkerSettings(CommonSettings):
         description="How long the row of a worker that is offline (or stopped heartbeating) is "
         "kept after its last heartbeat (default 24h), or never.",
     )
+
+    @model_validator(mode="after")
+    def _pooler_has_a_listen_url(self) -> WorkerSettings:
+        if self.database_pooler == "transaction" and self.listen_database_url is None:
+            raise ValueError(
+                "TASKFLEET_DATABASE_POOLER=transaction needs TASKFLEET_LISTEN_DATABASE_URL for "
+                "a worker: a transaction-mode pooler hands each transaction to any server "
+                "connection, so LISTEN through it would lose its notifications; point "
+                "TASKFLEET_LISTEN_DATABASE_URL at Postgres itself (or a session-mode pool)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _timers_fit_together(self) -> WorkerSettings:

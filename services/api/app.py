@@ -54,7 +54,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        state.database = Database.create(settings.database_url, pool_size=settings.db_pool_size)
+        state.database = Database.create(
+            settings.database_url, pool_size=settings.db_pool_size, pooled=settings.pooled
+        )
         state.shutdown.bind()
         try:
             yield

@@ -177,7 +177,7 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
         writer.refresh_local()
         # Pending tasks whose group a change of the configured labels moves: re-grouped in
         # the background, in bounded steps, while the fleet converges.
-        regrouping = start_regrouping(settings.database_url)
+        regrouping = start_regrouping(settings.database_url, pooled=settings.pooled)
         last_notify = time.monotonic()
         deadline = last_notify + settings.runtime_config_deadline
         while True:

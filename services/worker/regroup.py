@@ -63,9 +63,9 @@ async def regroup_pending(
             await asyncio.sleep(pause)
 
 
-async def _regroup_after_change(url: str) -> None:
+async def _regroup_after_change(url: str, pooled: bool) -> None:
     try:
-        conn = await db.connect(url, application_name="taskfleet-regroup")
+        conn = await db.connect(url, application_name="taskfleet-regroup", pooled=pooled)
     except (OSError, asyncpg.PostgresError) as exc:
         log.warning("re-grouping: cannot connect (%s); the lease sweeps will do it", exc)
         return
@@ -86,6 +86,7 @@ async def _regroup_after_change(url: str) -> None:
             await asyncio.wait_for(conn.close(), 5)
 
 
-def start_regrouping(url: str) -> asyncio.Task[None]:
-    """Re-group in the background (its own connection) while the caller goes on."""
-    return asyncio.create_task(_regroup_after_change(url), name="regroup")
+def start_regrouping(url: str, *, pooled: bool = False) -> asyncio.Task[None]:
+    """Re-group in the background (its own connection) while the caller goes on. ``pooled``:
+    ``url`` is a transaction-mode pooler (each step is one statement, so nothing else changes)."""
+    return asyncio.create_task(_regroup_after_change(url, pooled), name="regroup")

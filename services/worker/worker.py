@@ -30,7 +30,7 @@ from typing import Any
 import asyncpg
 from prometheus_client import CollectorRegistry
 
-from taskfleet.shared import protocol, queries
+from taskfleet.shared import db, protocol, queries
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.migrations import head_revision, known_revisions, schema_problem
 from taskfleet.shared.policy.backoff import BackoffPolicy, LoopBackoff
@@ -63,6 +63,9 @@ log = logging.getLogger("taskfleet.worker")
 
 #: Exit code of a worker that refused to start because its id belongs to a live worker.
 EXIT_DUPLICATE_ID = 2
+#: Exit code of a worker whose settings do not fit the database it reaches (a pooler refusing
+#: session settings): 2, as every taskfleet command whose setting is wrong.
+EXIT_BAD_SETTING = 2
 #: How often a worker waiting for a usable schema at start-up looks again (seconds).
 SCHEMA_RECHECK_SECONDS = 2.0
 
@@ -95,7 +98,8 @@ class Worker:
         self.metrics_port: int | None = None
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
-        #: The process's exit code once run() returns: 0, or 2 when the worker id was taken.
+        #: The process's exit code once run() returns: 0, or 2 when the worker id was taken or
+        #: the database refused the connection's settings (a pooler, see db.pooler_refusal).
         self.exit_code = 0
         #: The schema revision this code was written for, and why the database's is not usable
         #: (None while it is).
@@ -112,8 +116,11 @@ class Worker:
 
         url = settings.database_url
         sync = settings.synchronous_commit
-        self._claim_db = Database(url, "taskfleet-worker-claim", synchronous_commit=sync)
-        self._io_db = Database(url, "taskfleet-worker-io", synchronous_commit=sync)
+        pooled = settings.pooled
+        self._claim_db = Database(
+            url, "taskfleet-worker-claim", synchronous_commit=sync, pooled=pooled
+        )
+        self._io_db = Database(url, "taskfleet-worker-io", synchronous_commit=sync, pooled=pooled)
         # The heartbeat on a connection of its own, bounded well inside the lease: a slow
         # finish or config read must never cost the leases of everything running here.
         self._tick_db = Database(
@@ -121,6 +128,7 @@ class Worker:
             "taskfleet-worker-tick",
             synchronous_commit=sync,
             statement_timeout=min(STATEMENT_TIMEOUT, max(settings.lease_ttl / 2, 2.0)),
+            pooled=pooled,
         )
 
         self.slots = Slots(settings.concurrency, self.metrics)
@@ -321,6 +329,13 @@ class Worker:
                     return True
                 (owner,) = await self._io_db.fetch(queries.worker_get, id=self.id) or [None]
             except DATABASE_ERRORS as exc:
+                refusal = db.pooler_refusal(exc)
+                if refusal is not None:
+                    # A setting is wrong: retrying cannot help. Exit (a supervisor shows the
+                    # crash loop) instead of looking alive while claiming nothing.
+                    log.error("worker %s cannot start: %s", self.id, refusal)
+                    self.exit_code = EXIT_BAD_SETTING
+                    return False
                 delay = retry.next()
                 log.warning(
                     "start-up failed (database unavailable: %s); retrying in %.2fs",
