@@ -13,7 +13,7 @@ nullable columns rewrites nothing; the index build reads the table under a share
 wait) for about a second per million rows, and holds only the scheduled tasks.
 
 Revision ID: 0009_schedules
-Revises: 0007_tasks_finished_index
+Revises: 0008_retention
 Create Date: 2026-12-03
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0009_schedules"
-down_revision: str | None = "0007_tasks_finished_index"
+down_revision: str | None = "0008_retention"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -557,7 +557,7 @@ async def test_unrunnable_counts_pending_tasks_no_alive_worker_knows(
     conn: asyncpg.Connection,
 ) -> None:
     async def unknown() -> int:
-        (row,) = await run(conn, q.task_unrunnable_counts)
+        (row,) = await run(conn, q.metrics_unrunnable, limit=10_001)
         assert row["reason"] == "unknown_type"
         return int(row["tasks"])
 
