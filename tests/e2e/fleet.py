@@ -227,7 +227,7 @@ class Fleet:
             print(self.logs()[-20000:])
 
 
-async def wait_http(url: str, proc: Proc | None = None, timeout: float = 30.0) -> None:
+async def wait_http(url: str, proc: Proc | None = None, timeout: float = 90.0) -> None:
     """Until GET url answers 200 (the process's /readyz)."""
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(timeout=2.0) as client:
