@@ -33,6 +33,8 @@ CLAIM_RESULTS = ("claimed", "empty")
 NOTIFICATION_RESULTS = ("ok", "malformed")
 #: ``taskfleet_runtime_config_excluded_workers_total{reason}``.
 EXCLUSION_REASONS = (HEARTBEAT_EXPIRED, DRAINING, OFFLINE)
+#: ``taskfleet_schedule_runs_total{kind}``: a slot fired on time, or one run for missed slots.
+SCHEDULE_RUN_KINDS = ("on_time", "catch_up")
 #: The ``group`` label of the control and strict lanes.
 NO_GROUP = ""
 
@@ -79,6 +81,7 @@ class WorkerMetrics:
     lease_rescues: Counter
     heartbeat_failures: Counter
     notifications: Counter
+    schedule_runs: Counter
     pruned: Counter
     excluded_workers: Counter
 
@@ -105,6 +108,8 @@ class WorkerMetrics:
                 self.notifications.labels(channel, result)
         for reason in EXCLUSION_REASONS:
             self.excluded_workers.labels(reason)
+        for kind in SCHEDULE_RUN_KINDS:
+            self.schedule_runs.labels(kind)
 
     def initialise_groups(self, groups: Iterable[str]) -> None:
         """The normal lane's claim counters of ``groups`` (and the default group) at zero; a
@@ -222,6 +227,13 @@ class WorkerMetrics:
                 "expired, draining, offline): each was alive after the version was written and "
                 "stopped counting before it applied it.",
                 ["reason"],
+                registry=r,
+            ),
+            schedule_runs=Counter(
+                "taskfleet_schedule_runs",
+                "Tasks this worker enqueued from schedules, by kind (on_time; or catch_up: one "
+                "run for several missed slots).",
+                ["kind"],
                 registry=r,
             ),
         )

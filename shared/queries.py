@@ -978,6 +978,11 @@ worker_tick = _query(
         FROM (SELECT 1 FROM rescued WHERE rescued.status = 'pending' LIMIT 1) AS any_rescued
     UNION ALL SELECT 'regroup', regroup.moved, regroup.state FROM regroup
     UNION ALL SELECT 'prune_due', NULL, NULL FROM prune_due
+    -- Seconds until the earliest schedule's next slot (NULL: no schedule): the scheduler
+    -- sleeps until then and looks at the schedules only when one is due (an index probe).
+    UNION ALL SELECT 'schedule', NULL,
+        CAST((SELECT EXTRACT(EPOCH FROM min(s.next_run_at) - now())
+              FROM taskfleet.schedules s) AS text)
     -- The schema's revision: a worker claims nothing on a schema it was not written for.
     UNION ALL SELECT 'schema', NULL,
         (SELECT string_agg(v.version_num, ',' ORDER BY v.version_num)
@@ -1131,6 +1136,164 @@ runtime_config_request_task = _query(
       AND (t.payload ->> 'requestID') = CAST(:request_id AS text)
     ORDER BY t.id DESC
     LIMIT 1
+    """,
+)
+
+# --------------------------------------------------------------------------------------------
+# Schedules (periodic tasks)
+# --------------------------------------------------------------------------------------------
+
+_SCHEDULE_COLUMNS = """
+    s.name, s.type, s.payload, s.cron, s.every, s.timezone, s.priority, s.weight, s.labels,
+    s.max_attempts, s.timeout, s.source, s.revision, s.next_run_at, s.last_run_at,
+    s.last_task_id, s.created_at, s.updated_at
+"""
+
+# The definition columns a PUT or a declaration writes, in one order for both.
+_SCHEDULE_VALUES = """
+    CAST(:name AS text), CAST(:type AS text), CAST(CAST(:payload AS text) AS jsonb),
+    CAST(:cron AS text), CAST(:every AS text), CAST(:timezone AS text), CAST(:priority AS int),
+    CAST(:weight AS int), CAST(:labels AS text[]), CAST(:max_attempts AS int),
+    CAST(:timeout AS float8), CAST(:source AS text), CAST(:next_run_at AS timestamptz)
+"""
+
+# On a change of the definition the revision is raised (a firing computed from the old one is
+# void); a change of the timing (cron, every, timezone) also moves next_run_at to the new
+# timing's next slot, while an unchanged timing keeps its slot, so re-declaring a schedule
+# (every worker start does) neither skips nor repeats a run.
+_SCHEDULE_UPDATE = """
+    type = EXCLUDED.type, payload = EXCLUDED.payload, cron = EXCLUDED.cron,
+    every = EXCLUDED.every, timezone = EXCLUDED.timezone, priority = EXCLUDED.priority,
+    weight = EXCLUDED.weight, labels = EXCLUDED.labels, max_attempts = EXCLUDED.max_attempts,
+    timeout = EXCLUDED.timeout, source = EXCLUDED.source,
+    revision = s.revision + 1,
+    next_run_at = CASE
+        WHEN (s.cron, s.every, s.timezone)
+             IS NOT DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every, EXCLUDED.timezone)
+        THEN s.next_run_at ELSE EXCLUDED.next_run_at END,
+    updated_at = now()
+"""
+
+_SCHEDULE_DEFINITION_CHANGED = """
+    (s.type, s.payload, s.cron, s.every, s.timezone, s.priority, s.weight, s.labels,
+     s.max_attempts, s.timeout, s.source)
+    IS DISTINCT FROM
+    (EXCLUDED.type, EXCLUDED.payload, EXCLUDED.cron, EXCLUDED.every, EXCLUDED.timezone,
+     EXCLUDED.priority, EXCLUDED.weight, EXCLUDED.labels, EXCLUDED.max_attempts,
+     EXCLUDED.timeout, EXCLUDED.source)
+"""
+
+_SCHEDULE_INSERT = """
+    INSERT INTO taskfleet.schedules AS s
+        (name, type, payload, cron, every, timezone, priority, weight, labels, max_attempts,
+         timeout, source, next_run_at)
+"""
+
+database_now = _query("database_now", "SELECT now() AS now")
+
+schedule_put = _query(
+    "schedule_put",
+    f"""
+    {_SCHEDULE_INSERT}
+    VALUES ({_SCHEDULE_VALUES})
+    ON CONFLICT (name) DO UPDATE SET {_SCHEDULE_UPDATE}
+    RETURNING {_SCHEDULE_COLUMNS}, (xmax = 0) AS created
+    """,
+)
+
+schedule_declare = _query(
+    "schedule_declare",
+    # A worker declaring its task modules' schedules at start: a code-declared row follows the
+    # code, a row set over the API is left as it is (the operator's definition wins). An
+    # unchanged declaration writes nothing (every worker start makes one).
+    f"""
+    {_SCHEDULE_INSERT}
+    VALUES ({_SCHEDULE_VALUES})
+    ON CONFLICT (name) DO UPDATE SET {_SCHEDULE_UPDATE}
+    WHERE s.source = 'code' AND {_SCHEDULE_DEFINITION_CHANGED}
+    RETURNING s.name, (xmax = 0) AS created
+    """,
+)
+
+schedule_get = _query(
+    "schedule_get",
+    f"SELECT {_SCHEDULE_COLUMNS} FROM taskfleet.schedules s WHERE s.name = CAST(:name AS text)",
+)
+
+schedule_list = _query(
+    "schedule_list",
+    f"""
+    SELECT {_SCHEDULE_COLUMNS} FROM taskfleet.schedules s
+    ORDER BY s.name
+    LIMIT CAST(:limit AS int)
+    """,
+)
+
+schedule_delete = _query(
+    "schedule_delete",
+    "DELETE FROM taskfleet.schedules s WHERE s.name = CAST(:name AS text) RETURNING s.name",
+)
+
+schedule_due = _query(
+    "schedule_due",
+    # One row always (the database's clock, and the seconds until the earliest next_run_at),
+    # joined with the schedules due now, if any, earliest first.
+    """
+    SELECT w.db_now, w.wait_seconds, d.name, d.cron, d.every, d.timezone, d.next_run_at,
+           d.revision, d.priority
+    FROM (SELECT now() AS db_now,
+                 CAST(EXTRACT(EPOCH FROM min(s.next_run_at) - now()) AS float8) AS wait_seconds
+          FROM taskfleet.schedules s) AS w
+    LEFT JOIN LATERAL (
+        SELECT s.name, s.cron, s.every, s.timezone, s.next_run_at, s.revision, s.priority
+        FROM taskfleet.schedules s
+        WHERE s.next_run_at <= w.db_now
+        ORDER BY s.next_run_at, s.name
+        LIMIT CAST(:limit AS int)
+    ) AS d ON true
+    """,
+)
+
+schedule_fire = _query(
+    "schedule_fire",
+    f"""
+    WITH
+    -- The task's id, drawn up front so the schedule row can name it in the same statement.
+    new_task AS (SELECT nextval(pg_get_serial_sequence('taskfleet.tasks', 'id')) AS id),
+    -- The conditional UPDATE that makes a slot fire once: only from the slot this worker read
+    -- (and the definition it planned with). Under concurrent firings the row lock serialises
+    -- them and the later ones see the advanced row: their WHERE no longer matches, and
+    -- nothing below runs for them.
+    advanced AS (
+        UPDATE taskfleet.schedules s
+        SET next_run_at = CAST(:next_run_at AS timestamptz),
+            last_run_at = CAST(:slot AS timestamptz),
+            last_task_id = (SELECT new_task.id FROM new_task)
+        WHERE s.name = CAST(:name AS text)
+          AND s.next_run_at = CAST(:due AS timestamptz)
+          AND s.revision = CAST(:revision AS bigint)
+        RETURNING s.name, s.type, s.payload, s.priority, s.weight, s.labels, s.max_attempts,
+                  s.timeout
+    ),
+    grouping_now AS ({_GROUPING_LATEST}),
+    -- The task, keyed by (schedule, slot) under a unique index as well: a second task for a
+    -- slot is never written, whatever happened to the schedules row.
+    inserted AS (
+        INSERT INTO taskfleet.tasks AS t
+            (id, type, payload, priority, weight, labels, max_attempts, timeout, group_key,
+             schedule_name, schedule_slot)
+        SELECT new_task.id, a.type, a.payload, a.priority, a.weight, a.labels, a.max_attempts,
+               a.timeout, taskfleet.task_group_key(a.labels, grouping_now.labels), a.name,
+               CAST(:slot AS timestamptz)
+        FROM advanced a CROSS JOIN new_task CROSS JOIN grouping_now
+        ON CONFLICT (schedule_name, schedule_slot) WHERE schedule_name IS NOT NULL DO NOTHING
+        RETURNING t.id
+    ),
+    wake AS (
+        SELECT pg_notify('{TASK_READY_CHANNEL}', CAST(:wake_hint AS text)) AS sent
+        FROM inserted
+    )
+    SELECT inserted.id, (SELECT count(*) FROM wake) AS woken FROM inserted
     """,
 )
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from taskfleet.shared.errors import ConfigurationError
 from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
+from taskfleet.shared.policy.schedules import ScheduleError, Timing, parse_timezone
 
 Handler = Callable[..., Any] | Callable[..., Awaitable[Any]]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,6 +42,15 @@ class TaskParams(BaseModel):
 
 
 @dataclass(frozen=True)
+class CodeSchedule:
+    """A schedule declared with ``@task(..., schedule=...)`` or ``every=...``."""
+
+    cron: str | None
+    every: str | None
+    timezone: str | None
+
+
+@dataclass(frozen=True)
 class TaskDefinition:
     name: str
     func: Handler
@@ -51,6 +61,8 @@ class TaskDefinition:
     #: The handler takes a second argument, its TaskContext.
     takes_context: bool = False
     isolation: Isolation = None
+    #: Declared as a periodic task: the workers upsert it as the schedule named after the type.
+    schedule: CodeSchedule | None = None
 
     def validate(self, payload: Any) -> BaseModel:
         return self.params.model_validate(payload)
@@ -70,6 +82,9 @@ class TaskRegistry:
         backoff: BackoffPolicy | None = None,
         internal: bool = False,
         isolation: Isolation = None,
+        schedule: str | None = None,
+        every: str | None = None,
+        timezone: str | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of task type ``name``.
 
@@ -79,6 +94,11 @@ class TaskRegistry:
         task's timeout or on cancel: the honest timeout for CPU-bound or hung code. The handler
         must be importable by its module path (a module-level function), and its result and
         payload travel as JSON.
+
+        ``schedule="0 6 * * *"`` (a cron expression, read in ``timezone``, default UTC) or
+        ``every="30s"``: also a periodic task, the schedule named after the type, enqueued with
+        an empty payload (so ``params`` must accept ``{}``). Every worker that loads the module
+        declares it at start; a schedule of the same name set over the API wins over it.
         """
         if not name or len(name) > 200:
             raise ValueError("a task name must be 1-200 characters")
@@ -87,6 +107,7 @@ class TaskRegistry:
 
         if isolation not in (None, "process"):
             raise ValueError('isolation must be None or "process"')
+        code_schedule = _code_schedule(name, params, schedule, every, timezone)
 
         def register(func: F) -> F:
             if name in self._tasks and self._tasks[name].func is not func:
@@ -105,6 +126,7 @@ class TaskRegistry:
                 internal=internal,
                 takes_context=_takes_context(name, func),
                 isolation=isolation,
+                schedule=code_schedule,
             )
             return func
 
@@ -126,6 +148,49 @@ class TaskRegistry:
             if existing is not None and existing.func is not definition.func:
                 raise ValueError(f"task type {definition.name!r} is registered twice")
             self._tasks[definition.name] = definition
+
+
+def _code_schedule(
+    name: str,
+    params: type[BaseModel],
+    cron: str | None,
+    every: str | None,
+    timezone: str | None,
+) -> CodeSchedule | None:
+    """The declared schedule, checked now: a bad one fails at import, not at the first slot."""
+    if cron is None and every is None:
+        if timezone is not None:
+            raise ValueError(f"task type {name!r}: timezone= goes with schedule= (a cron)")
+        return None
+    if cron is not None and every is not None:
+        raise ValueError(f"task type {name!r}: give schedule= (a cron) or every=, not both")
+    if every is not None and timezone is not None:
+        raise ValueError(f"task type {name!r}: timezone= applies to schedule= (a cron) only")
+    checks: list[tuple[str, Callable[[], object]]] = [
+        ("timezone", lambda: timezone is None or parse_timezone(timezone)),
+        (
+            "every" if every is not None else "schedule",
+            lambda: Timing.parse(cron=cron, every=every, timezone=None),
+        ),
+    ]
+    for field, check in checks:
+        try:
+            check()
+        except ScheduleError as exc:
+            raise ValueError(f"task type {name!r}: {field}= {exc}") from None
+    try:
+        params.model_validate({})
+    except Exception:
+        raise ValueError(
+            f"task type {name!r}: a scheduled task is enqueued with an empty payload, and its "
+            "params model does not accept {}: give every field a default"
+        ) from None
+    if "/" in name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise ValueError(
+            f"task type {name!r}: a scheduled type names its schedule, which must not contain "
+            "a slash or a control character"
+        )
+    return CodeSchedule(cron=cron, every=every, timezone=timezone)
 
 
 def _takes_context(name: str, func: Callable[..., Any]) -> bool:

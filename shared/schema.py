@@ -35,6 +35,7 @@ __all__ = [
     "TaskStatus",
     "WorkerStatus",
     "metadata",
+    "schedules",
     "tasks",
     "worker_runtime_configs",
     "workers",
@@ -76,6 +77,9 @@ tasks = Table(
     # when it was written: by the insert query, else by a trigger applying
     # taskfleet.task_group_key(); re-computed by taskfleet.task_regroup_step() after a change.
     Column("group_key", Text, nullable=False),
+    # The schedule and slot a periodic task was enqueued for (NULL for every other task).
+    Column("schedule_name", Text, nullable=True),
+    Column("schedule_slot", DateTime(timezone=True), nullable=True),
     CheckConstraint(_in("status", TaskStatus), name="tasks_status_valid"),
     CheckConstraint("priority >= 0", name="tasks_priority_nonnegative"),
     CheckConstraint("weight >= 1", name="tasks_weight_positive"),
@@ -131,6 +135,14 @@ tasks = Table(
         "finished_at",
         postgresql_where=text("finished_at IS NOT NULL"),
     ),
+    # One task per schedule and slot, whatever happens to the schedules row.
+    Index(
+        "tasks_schedule_slot_idx",
+        "schedule_name",
+        "schedule_slot",
+        unique=True,
+        postgresql_where=text("schedule_name IS NOT NULL"),
+    ),
     # The runtime-config request of an update task.
     Index(
         "tasks_runtime_config_request_idx",
@@ -181,4 +193,34 @@ task_groupings = Table(
     Column("waits_for", ARRAY(Text), nullable=True),
     Column("cursor_key", Text, nullable=True),
     Column("cursor_id", BigInteger, nullable=True),
+)
+
+# Periodic tasks (PUT /schedules/{name}, or @task(..., schedule=...) in code): what to enqueue,
+# when, and the slot it fires next. Fired by the workers with a conditional UPDATE of the row.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("type", Text, nullable=False),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("cron", Text, nullable=True),
+    Column("every", Text, nullable=True),
+    Column("timezone", Text, nullable=True),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("weight", Integer, nullable=False, server_default=text("1")),
+    Column("labels", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("3")),
+    Column("timeout", Double, nullable=True),
+    # api: PUT /schedules; code: declared by a worker's task module (an api row wins).
+    Column("source", Text, nullable=False, server_default=text("'api'")),
+    # Raised by every change of the definition: a firing computed from an older one is void.
+    Column("revision", BigInteger, nullable=False, server_default=text("1")),
+    Column("next_run_at", DateTime(timezone=True), nullable=False),
+    Column("last_run_at", DateTime(timezone=True), nullable=True),
+    Column("last_task_id", BigInteger, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("(cron IS NULL) <> (every IS NULL)", name="schedules_cron_or_every"),
+    CheckConstraint("source IN ('api', 'code')", name="schedules_source_valid"),
+    Index("schedules_next_run_idx", "next_run_at"),
 )

@@ -134,30 +134,60 @@ Int = Annotated[int, Strict()]
 Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 
 
+def _type_not_reserved(value: str) -> str:
+    if value == RUNTIME_CONFIG_TASK_TYPE:
+        raise PydanticCustomError(
+            "reserved",
+            "{type} is reserved for the runtime-config update: use PUT /runtime-config",
+            {"type": RUNTIME_CONFIG_TASK_TYPE},
+        )
+    return value
+
+
+def _priority_not_reserved(value: int) -> int:
+    if value == CONTROL_PRIORITY:
+        raise PydanticCustomError(
+            "reserved",
+            "priority {priority} is reserved for the control lane; use at most {highest}",
+            {"priority": CONTROL_PRIORITY, "highest": CONTROL_PRIORITY - 1},
+        )
+    return value
+
+
+# The task fields a schedule shares with a submitted task: one type (and one rule) each.
+SubmittedType = Annotated[TypeName, AfterValidator(_type_not_reserved)]
+Priority = Annotated[Int, Field(ge=0, le=CONTROL_PRIORITY), AfterValidator(_priority_not_reserved)]
+Weight = Annotated[Int, Field(ge=1, le=MAX_INT32)]
+MaxAttempts = Annotated[Int, Field(ge=1, le=MAX_ATTEMPTS)]
+TimeoutSeconds = Annotated[Seconds, Field(gt=0, le=MAX_TIMEOUT_SECONDS)]
+PRIORITY_DESCRIPTION = (
+    "0: the weighted normal lane; > 0: the strict lane, higher first. "
+    f"{CONTROL_PRIORITY} is reserved for the control lane."
+)
+WEIGHT_DESCRIPTION = "Order inside the task's normal-lane group, higher first."
+LABELS_DESCRIPTION = (
+    f"At most {MAX_LABELS} non-empty labels of at most {MAX_LABEL_LENGTH} "
+    "characters; the smallest configured one is the task's group."
+)
+MAX_ATTEMPTS_DESCRIPTION = "Attempts before the task fails for good."
+TIMEOUT_DESCRIPTION = "Each attempt is cancelled after this many seconds."
+
+
 class TaskIn(BaseModel):
     """One task to submit."""
 
     model_config = ConfigDict(extra="forbid")
 
-    type: TypeName = Field(description="A registered task type.")
+    type: SubmittedType = Field(description="A registered task type.")
     payload: dict[str, Any] = Field(
         default_factory=dict,
         description="The handler's parameters, validated against its model; at most 256 KiB "
         "as JSON.",
     )
-    priority: Annotated[Int, Field(ge=0, le=CONTROL_PRIORITY)] = Field(
-        default=0,
-        description="0: the weighted normal lane; > 0: the strict lane, higher first. "
-        f"{CONTROL_PRIORITY} is reserved for the control lane.",
-    )
-    weight: Annotated[Int, Field(ge=1, le=MAX_INT32)] = Field(
-        default=1, description="Order inside the task's normal-lane group, higher first."
-    )
+    priority: Priority = Field(default=0, description=PRIORITY_DESCRIPTION)
+    weight: Weight = Field(default=1, description=WEIGHT_DESCRIPTION)
     labels: list[Label] = Field(
-        default_factory=list,
-        max_length=MAX_LABELS,
-        description=f"At most {MAX_LABELS} non-empty labels of at most {MAX_LABEL_LENGTH} "
-        "characters; the smallest configured one is the task's group.",
+        default_factory=list, max_length=MAX_LABELS, description=LABELS_DESCRIPTION
     )
     delay_seconds: Annotated[Seconds, Field(ge=0, le=MAX_DELAY_SECONDS)] | None = Field(
         default=None, description="Earliest start, relative to now. Not with run_at."
@@ -166,39 +196,13 @@ class TaskIn(BaseModel):
         default=None,
         description="Earliest start, an ISO 8601 time with an offset. Not with delay_seconds.",
     )
-    max_attempts: Annotated[Int, Field(ge=1, le=MAX_ATTEMPTS)] = Field(
-        default=3, description="Attempts before the task fails for good."
-    )
-    timeout_seconds: Annotated[Seconds, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] | None = Field(
-        default=None, description="Each attempt is cancelled after this many seconds."
-    )
+    max_attempts: MaxAttempts = Field(default=3, description=MAX_ATTEMPTS_DESCRIPTION)
+    timeout_seconds: TimeoutSeconds | None = Field(default=None, description=TIMEOUT_DESCRIPTION)
     unique_key: UniqueKey | None = Field(
         default=None,
         description="While a task with this key is pending or running, submitting it again "
         "returns that task instead of a new one.",
     )
-
-    @field_validator("type")
-    @classmethod
-    def _type_not_reserved(cls, value: str) -> str:
-        if value == RUNTIME_CONFIG_TASK_TYPE:
-            raise PydanticCustomError(
-                "reserved",
-                "{type} is reserved for the runtime-config update: use PUT /runtime-config",
-                {"type": RUNTIME_CONFIG_TASK_TYPE},
-            )
-        return value
-
-    @field_validator("priority")
-    @classmethod
-    def _priority_not_reserved(cls, value: int) -> int:
-        if value == CONTROL_PRIORITY:
-            raise PydanticCustomError(
-                "reserved",
-                "priority {priority} is reserved for the control lane; use at most {highest}",
-                {"priority": CONTROL_PRIORITY, "highest": CONTROL_PRIORITY - 1},
-            )
-        return value
 
     @field_validator("run_at")
     @classmethod

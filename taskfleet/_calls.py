@@ -8,11 +8,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from taskfleet.errors import ApiError, error_from_detail
-from taskfleet.models import TaskFields, TaskFilter, TaskSpec
+from taskfleet.models import ScheduleFields, TaskFields, TaskFilter, TaskSpec
 
 #: Seconds to connect, write, or wait for a pool slot.
 CONNECT_TIMEOUT = 10.0
@@ -86,6 +87,8 @@ def decode(response: httpx.Response) -> Any:
     """The answer's JSON, or the :class:`ApiError` subclass its status calls for."""
     if not response.is_success:
         raise error_for(response)
+    if response.status_code == 204:  # No Content (a delete)
+        return None
     try:
         return response.json()
     except ValueError:
@@ -129,6 +132,27 @@ def submit_many(tasks: Iterable[TaskSpec]) -> Call:
         bodies.append(task_body(spec["type"], spec.get("payload"), fields))  # type: ignore[arg-type]
     keyed = bool(bodies) and all(b.get("unique_key") is not None for b in bodies)
     return Call("POST", "/tasks/batch", body={"tasks": bodies}, idempotent=keyed)
+
+
+def _schedule_path(name: str) -> str:
+    return "/schedules/" + quote(name, safe="")
+
+
+def set_schedule(
+    name: str, type: str, payload: Mapping[str, Any] | None, fields: ScheduleFields
+) -> Call:
+    # A PUT of the whole definition: sending it twice has the effect of sending it once.
+    body: dict[str, Any] = {"type": type, "payload": dict(payload or {})}
+    body.update({k: v for k, v in fields.items() if v is not None})
+    return Call("PUT", _schedule_path(name), body=body, idempotent=True)
+
+
+def get_schedule(name: str) -> Call:
+    return Call("GET", _schedule_path(name), idempotent=True)
+
+
+def delete_schedule(name: str) -> Call:
+    return Call("DELETE", _schedule_path(name))
 
 
 def wait(task_id: int, chunk: float) -> Call:

@@ -35,6 +35,8 @@ from taskfleet.config_change import AsyncConfigChange, ConfigChange
 from taskfleet.errors import WaitTimeout
 from taskfleet.models import (
     RuntimeConfig,
+    Schedule,
+    ScheduleFields,
     Task,
     TaskFields,
     TaskFilter,
@@ -227,6 +229,33 @@ class Client:
             if cursor is None:
                 return
 
+    # -- schedules -----------------------------------------------------------------------------
+
+    def schedules(self) -> builtins.list[Schedule]:
+        """Every schedule, by name, with ``next_run_at`` and ``last_run_at``."""
+        doc = self._send(_calls.Call("GET", "/schedules", idempotent=True))
+        return [Schedule.model_validate(s) for s in doc["schedules"]]
+
+    def schedule(self, name: str) -> Schedule:
+        """One schedule (``NotFound`` if there is none)."""
+        return Schedule.model_validate(self._send(_calls.get_schedule(name)))
+
+    def set_schedule(
+        self,
+        name: str,
+        type: str,
+        payload: Mapping[str, Any] | None = None,
+        **fields: Unpack[ScheduleFields],
+    ) -> Schedule:
+        """Create or replace a schedule (``PUT /schedules/{name}``): ``cron`` (with
+        ``timezone``) or ``every``, and the task fields ``priority``, ``weight``, ``labels``,
+        ``max_attempts``, ``timeout_seconds``. Needs the admin role."""
+        return Schedule.model_validate(self._send(_calls.set_schedule(name, type, payload, fields)))
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete a schedule (``NotFound`` if there is none). Needs the admin role."""
+        self._send(_calls.delete_schedule(name))
+
     # -- fleet and config ----------------------------------------------------------------------
 
     def workers(self) -> builtins.list[Worker]:
@@ -404,6 +433,31 @@ class AsyncClient:
             cursor = doc.get("next_cursor")
             if cursor is None:
                 return
+
+    async def schedules(self) -> builtins.list[Schedule]:
+        """Every schedule, by name, with ``next_run_at`` and ``last_run_at``."""
+        doc = await self._send(_calls.Call("GET", "/schedules", idempotent=True))
+        return [Schedule.model_validate(s) for s in doc["schedules"]]
+
+    async def schedule(self, name: str) -> Schedule:
+        """One schedule (``NotFound`` if there is none)."""
+        return Schedule.model_validate(await self._send(_calls.get_schedule(name)))
+
+    async def set_schedule(
+        self,
+        name: str,
+        type: str,
+        payload: Mapping[str, Any] | None = None,
+        **fields: Unpack[ScheduleFields],
+    ) -> Schedule:
+        """Create or replace a schedule (see :meth:`Client.set_schedule`)."""
+        return Schedule.model_validate(
+            await self._send(_calls.set_schedule(name, type, payload, fields))
+        )
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a schedule (``NotFound`` if there is none). Needs the admin role."""
+        await self._send(_calls.delete_schedule(name))
 
     async def workers(self) -> builtins.list[Worker]:
         """See :meth:`Client.workers`."""

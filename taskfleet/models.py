@@ -20,6 +20,8 @@ __all__ = [
     "GroupStats",
     "LaneStats",
     "RuntimeConfig",
+    "Schedule",
+    "ScheduleFields",
     "Task",
     "TaskFields",
     "TaskFilter",
@@ -110,6 +112,44 @@ class RuntimeConfig(_Answer):
     applied_workers: int
     lagging: list[str]
     workers: list[AppliedVersion]
+
+
+class Schedule(_Answer):
+    """A periodic task: what it enqueues, when (``cron`` in ``timezone``, or ``every``), the
+    next slot and the last one run. ``source``: ``api`` or ``code`` (declared by a worker's
+    task module)."""
+
+    name: str
+    type: str
+    payload: dict[str, Any]
+    cron: str | None = None
+    every: str | None = None
+    timezone: str | None = None
+    priority: int
+    weight: int
+    labels: list[str]
+    max_attempts: int
+    timeout_seconds: float | None = None
+    source: str
+    next_run_at: datetime
+    last_run_at: datetime | None = None
+    last_task_id: int | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class ScheduleFields(TypedDict, total=False):
+    """The optional fields of a schedule (``PUT /schedules/{name}``): its timing, one of
+    ``cron`` (with ``timezone``) or ``every``, and the task fields of its tasks."""
+
+    cron: str
+    every: str
+    timezone: str
+    priority: int
+    weight: int
+    labels: list[str]
+    max_attempts: int
+    timeout_seconds: float
 
 
 class TaskFields(TypedDict, total=False):

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from taskfleet import __version__
-from taskfleet.api import bulk, console, health, stats, tasks, workers
+from taskfleet.api import bulk, console, health, schedules, stats, tasks, workers
 from taskfleet.api.auth import Authenticator
 from taskfleet.api.body_limit import BodyLimit
 from taskfleet.api.database import Database
@@ -86,6 +86,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(bulk.router)
     app.include_router(tasks.router)
     app.include_router(workers.router)
+    app.include_router(schedules.router)
     app.include_router(console.create_router())
     if importlib.util.find_spec(RUNTIME_CONFIG_ROUTER_MODULE) is not None:
         module = importlib.import_module(RUNTIME_CONFIG_ROUTER_MODULE)

@@ -130,6 +130,37 @@ class WorkerList(BaseModel):
     workers: list[WorkerOut]
 
 
+class ScheduleOut(BaseModel):
+    """A schedule as stored, with when it fires next and when it last fired."""
+
+    name: str
+    type: str
+    payload: Any
+    cron: str | None
+    every: str | None
+    timezone: str | None = Field(description="The cron's time zone; null with every.")
+    priority: int
+    weight: int
+    labels: list[str]
+    max_attempts: int
+    timeout_seconds: float | None
+    source: str = Field(
+        description="api (PUT /schedules) or code (declared by a worker's task module)."
+    )
+    next_run_at: datetime = Field(description="The next slot: its task is enqueued then.")
+    last_run_at: datetime | None = Field(
+        description="The slot of the last task enqueued (after a downtime, the latest missed "
+        "slot: one catch-up run); null before the first."
+    )
+    last_task_id: int | None = Field(description="The last task enqueued.")
+    created_at: datetime
+    updated_at: datetime
+
+
+class ScheduleList(BaseModel):
+    schedules: list[ScheduleOut]
+
+
 class ErrorItem(BaseModel):
     loc: list[str | int]
     msg: str

@@ -155,7 +155,7 @@ def migrate() -> None:
 
 def main() -> None:
     # Client and dev commands register themselves on import.
-    from taskfleet.cli import client, dev  # noqa: F401
+    from taskfleet.cli import client, dev, schedules  # noqa: F401
 
     try:
         app()

@@ -1,8 +1,8 @@
 """The heartbeat: one statement per tick refreshes the worker row (which is the lease of every
 task this process runs: no task row is written), returns the cancellations requested, runs
 the lease sweep when due (one worker at a time, under an advisory lock), reports the latest
-config version, whether a control task waits and whether rows are due for pruning (the pruner
-deletes them on its own connection).
+config version, whether a control task waits, whether rows are due for pruning (the pruner
+deletes them on its own connection) and when the next schedule is due.
 
 What the tick learns is handed to the supervisor through :class:`TickHandlers`; this file only
 keeps time and talks to the database.
@@ -43,6 +43,8 @@ class TickHandlers:
     schema_revisions: Callable[[list[str]], None]
     #: This worker swept and found rows due for pruning (retention).
     prune_due: Callable[[], None]
+    #: Seconds until the earliest schedule's next slot (None: there is no schedule).
+    schedule_wait: Callable[[float | None], None]
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,9 @@ class Heartbeat:
                     await self._handlers.unregistered()
                 elif kind == "prune_due":
                     self._handlers.prune_due()
+                elif kind == "schedule":
+                    wait = row["status"]
+                    self._handlers.schedule_wait(float(wait) if wait is not None else None)
                 elif kind == "schema":
                     found = row["status"]
                     self._handlers.schema_revisions(found.split(",") if found else [])

@@ -10,6 +10,7 @@ The parts, one job each (docs/architecture.md has the picture):
 - ``config_update.py``: the control-lane task that writes a version and follows convergence.
 - ``listener.py``: LISTEN on a dedicated connection, reconnecting with backoff.
 - ``slots.py``: which tasks this process runs, per lane.
+- ``scheduler.py``: declares the task modules' schedules, fires the due ones (periodic tasks).
 
 This file owns only the life cycle: start-up (LISTEN, config, registration), the loops, the
 stop request, the drain, and what /readyz reports.
@@ -56,6 +57,7 @@ from taskfleet.worker.listener import Listener
 from taskfleet.worker.outcomes import OutcomeWriter
 from taskfleet.worker.pruner import Pruner
 from taskfleet.worker.readiness import ReadinessInputs, not_ready_reasons
+from taskfleet.worker.scheduler import Scheduler
 from taskfleet.worker.slots import Slots
 from taskfleet.worker.stopping import stop_tasks
 
@@ -189,6 +191,7 @@ class Worker:
                 unregistered=self._unregistered,
                 schema_revisions=self._schema_seen,
                 prune_due=lambda: self.pruner.due(),
+                schedule_wait=lambda wait: self.scheduler.next_due_in(wait),
             ),
             clock=clock,
         )
@@ -201,6 +204,10 @@ class Worker:
             budget=settings.sweep_interval,
             clock=clock,
         )
+        self.scheduler = Scheduler(
+            database=self._io_db, registry=registry, metrics=self.metrics, sleep=self._sleep
+        )
+        self._scheduler_loop: asyncio.Task[None] | None = None
         self.listener = Listener(
             settings.listen_url,
             channels=(queries.TASK_READY_CHANNEL, protocol.CONFIG_CHANNEL),
@@ -286,6 +293,8 @@ class Worker:
             asyncio.create_task(self.heartbeat.run(), name="tick-loop"),
             asyncio.create_task(self.pruner.run(), name="prune-loop"),
         ]
+        self._scheduler_loop = asyncio.create_task(self.scheduler.run(), name="scheduler")
+        self._loops.append(self._scheduler_loop)
         self.ready.set()
         log.info(
             "worker %s online: concurrency %d, config version %d",
@@ -411,6 +420,9 @@ class Worker:
         """Stop claiming, let running tasks finish within drain_timeout, give the rest back."""
         self.status = "draining"
         self.ready.clear()
+        if self._scheduler_loop is not None:
+            # A draining worker enqueues nothing more: the others fire the next slots.
+            await stop_tasks([self._scheduler_loop])
         log.info("draining: %d task(s) running", len(self.slots))
         claim_loop = self._loops[0] if self._loops else None
         if claim_loop is not None:

@@ -88,7 +88,8 @@ OPEN_URLS = {
     "/ui": "/ui/",
     "/ui/{name:path}": "/ui/app.js",
 }
-#: Admin only (docs/reference.md#authentication: runtime config, cancel, retry and workers);
+#: Admin only (docs/reference.md#authentication: runtime config, cancel, retry, workers and
+#: changes of schedules);
 #: every other route needs submit.
 ADMIN_ONLY = {
     ("POST", "/tasks/{id}/cancel"),
@@ -96,6 +97,8 @@ ADMIN_ONLY = {
     ("POST", "/tasks/retry"),
     ("POST", "/tasks/cancel"),
     ("GET", "/workers"),
+    ("PUT", "/schedules/{name}"),
+    ("DELETE", "/schedules/{name}"),
 }
 
 
@@ -158,6 +161,12 @@ SAMPLES: dict[tuple[str, str], Callable[[Ids], Call]] = {
     ("POST", "/tasks/{id}/cancel"): lambda ids: Call(f"/tasks/{ids.cancellable}/cancel"),
     ("POST", "/tasks/{id}/retry"): lambda ids: Call(f"/tasks/{ids.task}/retry"),
     ("GET", "/workers"): lambda ids: Call("/workers"),
+    ("GET", "/schedules"): lambda ids: Call("/schedules"),
+    ("GET", "/schedules/{name}"): lambda ids: Call("/schedules/matrix"),
+    ("PUT", "/schedules/{name}"): lambda ids: Call(
+        "/schedules/matrix-new", json={"type": "demo.echo", "every": "1h"}
+    ),
+    ("DELETE", "/schedules/{name}"): lambda ids: Call("/schedules/matrix"),
     ("PUT", "/runtime-config"): lambda ids: Call(
         "/runtime-config", {"wait": "false"}, {"maxStrictPercentage": 50}
     ),
@@ -207,12 +216,14 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def fingerprint(conn: asyncpg.Connection) -> tuple[Any, ...]:
-    """Everything a request could have written: the task rows (hashed), versions, workers."""
+    """Everything a request could have written: the task rows (hashed), versions, workers,
+    schedules (hashed)."""
     row = await conn.fetchrow(
         "SELECT (SELECT count(*) FROM taskfleet.tasks),"
         " (SELECT coalesce(sum(hashtext(t::text)::bigint), 0) FROM taskfleet.tasks t),"
         " (SELECT count(*) FROM taskfleet.worker_runtime_configs),"
-        " (SELECT count(*) FROM taskfleet.workers)"
+        " (SELECT count(*) FROM taskfleet.workers),"
+        " (SELECT coalesce(sum(hashtext(s::text)::bigint), 0) FROM taskfleet.schedules s)"
     )
     return tuple(row.values())
 

@@ -133,7 +133,9 @@ class RowProbe:
                (SELECT coalesce(sum(hashtext(t::text)::bigint), 0) FROM taskfleet.tasks t)
                    AS task_rows,
                (SELECT count(*) FROM taskfleet.worker_runtime_configs) AS configs,
-               (SELECT count(*) FROM taskfleet.workers) AS workers
+               (SELECT count(*) FROM taskfleet.workers) AS workers,
+               (SELECT coalesce(sum(hashtext(s::text)::bigint), 0) FROM taskfleet.schedules s)
+                   AS schedules
     """
 
     def __init__(self, url: str) -> None:
@@ -825,6 +827,58 @@ STRING_FIELDS: list[tuple[str, str, str, dict[str, str] | None, str | None, list
         '{"requestID":"<S>"}',
         ["body", "requestID"],
     ),
+    (
+        "schedule name put",
+        "PUT",
+        "/schedules/<S>",
+        None,
+        '{"type":"demo.echo","every":"1m"}',
+        ["path", "name"],
+    ),
+    ("schedule name get", "GET", "/schedules/<S>", None, None, ["path", "name"]),
+    ("schedule name delete", "DELETE", "/schedules/<S>", None, None, ["path", "name"]),
+    ("schedule type", "PUT", "/schedules/s", None, '{"type":"<S>","every":"1m"}', ["body", "type"]),
+    (
+        "schedule cron",
+        "PUT",
+        "/schedules/s",
+        None,
+        '{"type":"demo.echo","cron":"<S>"}',
+        ["body", "cron"],
+    ),
+    (
+        "schedule every",
+        "PUT",
+        "/schedules/s",
+        None,
+        '{"type":"demo.echo","every":"<S>"}',
+        ["body", "every"],
+    ),
+    (
+        "schedule timezone",
+        "PUT",
+        "/schedules/s",
+        None,
+        '{"type":"demo.echo","cron":"0 6 * * *","timezone":"<S>"}',
+        ["body", "timezone"],
+    ),
+    (
+        "schedule label",
+        "PUT",
+        "/schedules/s",
+        None,
+        '{"type":"demo.echo","every":"1m","labels":["<S>"]}',
+        ["body", "labels", 0],
+    ),
+    (
+        "schedule payload",
+        "PUT",
+        "/schedules/s",
+        None,
+        '{"type":"demo.echo","every":"1m","payload":{"value":"<S>"}}',
+        ["body", "payload"],
+    ),
+    ("schedules limit", "GET", "/schedules", {"limit": "<S>"}, None, ["query", "limit"]),
     ("config wait", "PUT", "/runtime-config", {"wait": "<S>"}, "{}", ["query", "wait"]),
     ("config timeout", "PUT", "/runtime-config", {"timeout": "<S>"}, "{}", ["query", "timeout"]),
     ("request id", "GET", "/runtime-config/requests/<S>", None, None, ["path", "request_id"]),

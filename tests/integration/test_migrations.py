@@ -33,7 +33,7 @@ from taskfleet.shared.schema import SCHEMA, TaskStatus, WorkerStatus, metadata
 from tests.pg import with_database
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = {"tasks", "workers", "worker_runtime_configs", "task_groupings"}
+TABLES = {"tasks", "workers", "worker_runtime_configs", "task_groupings", "schedules"}
 
 
 async def _fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:

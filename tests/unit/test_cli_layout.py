@@ -99,3 +99,44 @@ def test_boolean_options_are_plain_flags_and_help_is_whole_sentences() -> None:
             assert param.help[0].isupper() and param.help.endswith("."), (name, param.help)
             if param.is_bool_flag or param.type is click.BOOL:
                 assert param.is_flag, (name, param.name)  # never `--wait <bool>`
+
+
+def test_schedules_fit_80_columns_and_abbreviate_nothing() -> None:
+    from taskfleet.cli.schedules import schedules_table
+
+    rows = [
+        {
+            "name": "reports.finance.quarterly-close-summary",
+            "type": "reports.finance.generate-quarterly-summary",
+            "cron": "*/15 9-17 * * 1-5",
+            "timezone": "America/Argentina/Buenos_Aires",
+            "every": None,
+            "next_run_at": (NOW + timedelta(hours=3, minutes=5)).isoformat(),
+            "last_run_at": (NOW - timedelta(days=12)).isoformat(),
+        },
+        {
+            "name": "tick",
+            "type": "demo.echo",
+            "cron": None,
+            "every": "1s",
+            "timezone": None,
+            "next_run_at": NOW.isoformat(),
+            "last_run_at": None,
+        },
+    ]
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(schedules_table(rows, NOW))
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    text = "\n".join(lines)
+    assert "…" not in text
+    header = next(line for line in lines if "schedule" in line and "type" in line).split()
+    assert header == ["schedule", "type", "when", "next", "last"]
+    assert "in 3h05m" in text and "12d00h ago" in text and "every 1s" in text
+    # Long names fold onto further lines, whole: every character is there, in order.
+    first = [
+        line.split()[0]
+        for line in lines[lines.index(next(x for x in lines if "─" in x)) + 1 :]
+        if line.strip()
+    ]
+    assert "".join(first[:3]) == "reports.finance.quarterly-close-summary"

@@ -199,3 +199,55 @@ def test_process_isolation_needs_a_module_level_handler() -> None:
 
     with pytest.raises(ValueError, match="isolation"):
         registry.task("t.bad", params=Params, isolation="thread")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# @task(..., schedule=... | every=...): periodic tasks declared in code
+
+
+class _NoParams(TaskParams):
+    pass
+
+
+class _Required(TaskParams):
+    n: int
+
+
+def test_a_scheduled_task_carries_its_schedule() -> None:
+    registry = TaskRegistry()
+
+    @registry.task("report.daily", params=_NoParams, schedule="0 6 * * *", timezone="Europe/Paris")
+    async def daily(params: _NoParams) -> None:
+        return None
+
+    @registry.task("tick", params=_NoParams, every="30s")
+    async def tick(params: _NoParams) -> None:
+        return None
+
+    definition = registry.get("report.daily")
+    assert definition is not None and definition.schedule is not None
+    assert (definition.schedule.cron, definition.schedule.timezone) == ("0 6 * * *", "Europe/Paris")
+    tick_definition = registry.get("tick")
+    assert tick_definition is not None and tick_definition.schedule is not None
+    assert tick_definition.schedule.every == "30s"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"schedule": "0 6 * *"}, "schedule="),
+        ({"schedule": "0 6 * * *", "timezone": "Nowhere/City"}, "timezone="),
+        ({"every": "0s"}, "every="),
+        ({"schedule": "0 6 * * *", "every": "1h"}, "not both"),
+        ({"every": "1h", "timezone": "UTC"}, "cron"),
+        ({"timezone": "UTC"}, "timezone="),
+    ],
+)
+def test_a_bad_schedule_fails_at_declaration(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TaskRegistry().task("report.daily", params=_NoParams, **kwargs)
+
+
+def test_a_scheduled_task_must_accept_an_empty_payload() -> None:
+    with pytest.raises(ValueError, match="empty payload"):
+        TaskRegistry().task("report.daily", params=_Required, every="1h")
