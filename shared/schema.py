@@ -34,6 +34,8 @@ __all__ = [
     "SCHEMA",
     "TaskStatus",
     "WorkerStatus",
+    "label_limit_releases",
+    "label_limits",
     "metadata",
     "tasks",
     "worker_runtime_configs",
@@ -76,6 +78,11 @@ tasks = Table(
     # when it was written: by the insert query, else by a trigger applying
     # taskfleet.task_group_key(); re-computed by taskfleet.task_regroup_step() after a change.
     Column("group_key", Text, nullable=False),
+    # The tags a worker must all have to claim the task ('{}': any worker).
+    Column("requires", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    # The limited labels the claim counted this attempt under (label_limits); released when the
+    # task leaves running.
+    Column("limit_labels", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     CheckConstraint(_in("status", TaskStatus), name="tasks_status_valid"),
     CheckConstraint("priority >= 0", name="tasks_priority_nonnegative"),
     CheckConstraint("weight >= 1", name="tasks_weight_positive"),
@@ -161,6 +168,8 @@ workers = Table(
     Column("metrics_port", Integer, nullable=True),
     # The task types it has handlers for: it claims only those.
     Column("task_types", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    # Its tags (TASKFLEET_WORKER_TAGS): it claims only tasks whose requires are all among them.
+    Column("tags", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     CheckConstraint(_in("status", WorkerStatus), name="workers_status_valid"),
 )
 
@@ -186,4 +195,31 @@ task_groupings = Table(
     Column("waits_for", ARRAY(Text), nullable=True),
     Column("cursor_key", Text, nullable=True),
     Column("cursor_id", BigInteger, nullable=True),
+)
+
+# Fleet-wide limits per label (runtime config labelLimits), kept by a trigger on
+# worker_runtime_configs; claims lock the active rows and keep the count and the token bucket
+# (see migration 0010_controls).
+label_limits = Table(
+    "label_limits",
+    metadata,
+    Column("label", Text, primary_key=True),
+    Column("max_in_flight", Integer, nullable=True),
+    Column("rate_per_second", Double, nullable=True),
+    Column("in_flight", Integer, nullable=False, server_default=text("0")),
+    Column("tokens", Double, nullable=False, server_default=text("1")),
+    Column("refilled_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("config_version", BigInteger, nullable=False, server_default=text("0")),
+    CheckConstraint("max_in_flight >= 1", name="label_limits_max_in_flight_check"),
+    CheckConstraint("rate_per_second > 0", name="label_limits_rate_per_second_check"),
+)
+
+# A counted task that left running, written by a trigger; folded into label_limits.in_flight by
+# the next claim that holds the label's row.
+label_limit_releases = Table(
+    "label_limit_releases",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("label", Text, nullable=False),
+    Index("label_limit_releases_label_idx", "label"),
 )

@@ -22,7 +22,7 @@ from taskfleet.api.deps import ApiState
 from taskfleet.shared import queries as q
 from taskfleet.shared.metrics import ApiMetrics
 from taskfleet.shared.policy.lanes import Lane
-from taskfleet.shared.policy.runtime_config import config_from_payload
+from taskfleet.shared.policy.runtime_config import RuntimeConfig, config_from_payload
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,18 @@ class QueueGauges:
     async def _read(self, database: Database) -> None:
         async with database.transaction() as conn:
             latest = await fetch_one(conn, q.runtime_config_latest)
-            configured = _configured_labels(latest["payload"] if latest else {})
+            config = _config(latest["payload"] if latest else {})
+            configured = sorted(config.label_weights)
             alive = await fetch_all(conn, q.runtime_config_alive_applied)
-            stats = await fetch_all(conn, q.task_queue_stats)
+            stats = await fetch_all(
+                conn,
+                q.task_queue_stats,
+                paused_labels=list(config.paused_labels),
+                paused_types=list(config.paused_types),
+                paused_lanes=list(config.paused_lanes),
+            )
             unrunnable = await fetch_all(conn, q.task_unrunnable_counts)
+            limits = await fetch_all(conn, q.label_limit_stats)
         latest_version = int(latest["version"]) if latest else 0
         self._clear()
         # Every lane and configured group gets a series, zero when empty: a dashboard shows 0,
@@ -72,14 +80,25 @@ class QueueGauges:
         for lane, group in zero_series:
             self.metrics.queue_depth.labels(lane=lane, group=group).set(0)
             self.metrics.queue_oldest.labels(lane=lane, group=group).set(0)
+        paused = 0
         for row in stats:
             group = row["grp"] if row["grp"] is not None else NO_GROUP
+            paused += int(row["paused"])
             self.metrics.queue_depth.labels(lane=row["lane"], group=group).set(row["depth"])
             self.metrics.queue_oldest.labels(lane=row["lane"], group=group).set(
                 row["oldest_ready_seconds"]
             )
+        self.metrics.queue_paused.set(paused)
         for row in unrunnable:
             self.metrics.queue_unrunnable.labels(reason=row["reason"]).set(row["tasks"])
+        for row in limits:
+            label = row["label"]
+            self.metrics.label_in_flight.labels(label=label).set(row["in_flight"])
+            if row["max_in_flight"] is not None:
+                self.metrics.label_max_in_flight.labels(label=label).set(row["max_in_flight"])
+            if row["rate_per_second"] is not None:
+                self.metrics.label_rate.labels(label=label).set(row["rate_per_second"])
+                self.metrics.label_tokens.labels(label=label).set(row["tokens"])
         self.metrics.workers_alive.set(len(alive))
         self.metrics.config_latest_version.set(latest_version)
         self.metrics.config_applied_workers.set(
@@ -90,6 +109,10 @@ class QueueGauges:
         self.metrics.queue_depth.clear()
         self.metrics.queue_oldest.clear()
         self.metrics.queue_unrunnable.clear()
+        self.metrics.label_in_flight.clear()
+        self.metrics.label_max_in_flight.clear()
+        self.metrics.label_rate.clear()
+        self.metrics.label_tokens.clear()
 
     async def render(self, database: Database | None, registry: CollectorRegistry) -> bytes:
         async with self._lock:
@@ -97,14 +120,14 @@ class QueueGauges:
             return generate_latest(registry)
 
 
-def _configured_labels(payload: Mapping[str, Any]) -> list[str]:
+def _config(payload: Mapping[str, Any]) -> RuntimeConfig:
     try:
-        return sorted(config_from_payload(payload).label_weights)
+        return config_from_payload(payload)
     except (ValueError, TypeError, KeyError, AttributeError):
         # A stored config is written by the update task after validation; if one is unreadable
         # anyway, the depth is still worth reporting, all in the default group.
         log.warning("metrics: the latest runtime config payload is unreadable")
-        return []
+        return RuntimeConfig()
 
 
 def install_metrics(app: FastAPI, state: ApiState) -> None:

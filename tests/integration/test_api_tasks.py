@@ -516,6 +516,7 @@ async def test_workers_lists_every_row_with_alive(
                 "applied_config_version": 0,
                 "metrics_port": 9100,
                 "task_types": ["demo.echo", "demo.sleep"],
+                "tags": [],
             }
         )
         await conn.execute(sql, *args)

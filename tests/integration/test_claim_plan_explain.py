@@ -116,6 +116,8 @@ async def explain(
             "probe_normal": False,
             "worker_id": "w-explain",
             "lease_ttl": 30.0,
+            "tags": [],
+            "paused_labels": [],
             "types": list(CLAIMABLE_TYPES),
             **params,
         }
@@ -227,6 +229,8 @@ async def test_the_planned_statement_claims_from_every_lane(conn: asyncpg.Connec
             "probe_normal": False,
             "worker_id": "w-explain",
             "lease_ttl": 30.0,
+            "tags": [],
+            "paused_labels": [],
             "types": list(CLAIMABLE_TYPES),
         }
     )

@@ -357,6 +357,10 @@ def test_to_payload_uses_wire_names() -> None:
         "notifyInterval": "1500ms",
         "listenTimeout": "2s",
         "requestID": "r",
+        "pausedLabels": [],
+        "pausedTypes": [],
+        "pausedLanes": [],
+        "labelLimits": {},
     }
 
 
