@@ -706,7 +706,9 @@ task_claim = _query(
         SET status = 'running',
             worker_id = CAST(:worker_id AS text),
             attempts = t.attempts + 1,
-            started_at = now(),
+            -- The clock when the row is taken, after this statement's snapshot: later than the
+            -- finished_at of any finish whose freed slot (label limit) this claim used.
+            started_at = clock_timestamp(),
             lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8)),
             limit_labels = ARRAY(SELECT ls.label FROM limit_state ls
                                  WHERE ls.label = ANY(t.labels) ORDER BY ls.label)
