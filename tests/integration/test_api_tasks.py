@@ -99,6 +99,7 @@ WIRE_FIELDS = {
     "last_error",
     "unique_key",
     "cancel_requested",
+    "requires",
 }
 
 
@@ -516,7 +517,7 @@ async def test_workers_lists_every_row_with_alive(
                 "applied_config_version": 0,
                 "metrics_port": 9100,
                 "task_types": ["demo.echo", "demo.sleep"],
-                "tags": [],
+                "tags": ["eu", "gpu"] if worker_id == "w-alive" else [],
             }
         )
         await conn.execute(sql, *args)
@@ -538,6 +539,8 @@ async def test_workers_lists_every_row_with_alive(
     assert response.json()["workers"][0]["id"] == "w-alive"  # alive ones first
     assert workers["w-alive"]["concurrency"] == 4
     assert workers["w-alive"]["task_types"] == ["demo.echo", "demo.sleep"]
+    assert workers["w-alive"]["tags"] == ["eu", "gpu"]
+    assert workers["w-stale"]["tags"] == []
     assert workers["w-offline"]["status"] == "offline"
 
 
