@@ -535,51 +535,28 @@ task_claim = _query(
         {_FINISH_SET}
         RETURNING t.id
     ),
-    -- Fleet-wide label limits (runtime config labelLimits, kept in label_limits): every active
-    -- limit row, locked in label order for this transaction, never waited for (SKIP LOCKED: a
-    -- row another claim holds right now only makes its label unavailable to this claim). Its
-    -- count and bucket, as locked, are the latest committed ones.
-    limit_rows AS (
-        SELECT l.label, l.max_in_flight, l.rate_per_second, l.in_flight, l.tokens, l.refilled_at
+    -- Fleet-wide label limits (runtime config labelLimits, kept in label_limits), as this
+    -- statement's snapshot sees them, unlocked: which labels are limited, and which have no
+    -- room (running at maxInFlight, counting the releases not folded in yet; or an empty token
+    -- bucket, refilled at ratePerSecond up to one second's worth, at least 1). Only a hint
+    -- that keeps the walks off exhausted labels: the locked rows below decide.
+    limit_hint AS (
+        SELECT l.label, l.rate_per_second,
+               l.max_in_flight IS NOT NULL
+                   AND l.in_flight - (SELECT count(*) FROM taskfleet.label_limit_releases r
+                                      WHERE r.label = l.label) >= l.max_in_flight AS full,
+               CASE WHEN l.rate_per_second IS NOT NULL THEN
+                   LEAST(GREATEST(l.rate_per_second, 1),
+                         l.tokens + l.rate_per_second * GREATEST(
+                             CAST(EXTRACT(EPOCH FROM now() - l.refilled_at) AS float8), 0))
+               END AS bucket
         FROM taskfleet.label_limits l
         WHERE l.max_in_flight IS NOT NULL OR l.rate_per_second IS NOT NULL
-        ORDER BY l.label
-        FOR UPDATE SKIP LOCKED
     ),
-    -- Counted tasks of those labels that left running since (written by a trigger without
-    -- touching the limit row): folded into the count here, each exactly once.
-    released AS (
-        DELETE FROM taskfleet.label_limit_releases r
-        WHERE r.label = ANY(ARRAY(SELECT limit_rows.label FROM limit_rows))
-        RETURNING r.label
-    ),
-    -- Each locked label: tasks running, tokens now (refilled at ratePerSecond up to one
-    -- second's worth, at least 1), and the room this claim has: how many it may start.
-    limit_state AS (
-        SELECT s.*,
-               LEAST(COALESCE(s.max_in_flight - s.running, 2147483647),
-                     COALESCE(floor(s.bucket), 2147483647)) AS room
-        FROM (
-            SELECT lr.label, lr.max_in_flight, lr.rate_per_second,
-                   GREATEST(lr.in_flight - (SELECT count(*) FROM released
-                                            WHERE released.label = lr.label), 0) AS running,
-                   (SELECT count(*) FROM released WHERE released.label = lr.label) AS freed,
-                   CASE WHEN lr.rate_per_second IS NOT NULL THEN
-                       LEAST(GREATEST(lr.rate_per_second, 1),
-                             lr.tokens + lr.rate_per_second * GREATEST(
-                                 CAST(EXTRACT(EPOCH FROM now() - lr.refilled_at) AS float8), 0))
-                   END AS bucket
-            FROM limit_rows lr
-        ) AS s
-    ),
-    -- The labels this claim leaves alone: paused ones, limited ones without room, and limited
-    -- ones whose row another claim holds right now.
+    -- The labels this claim leaves alone: paused ones, and limited ones without room.
     excluded AS (
         SELECT CAST(:paused_labels AS text[])
-               || ARRAY(SELECT ls.label FROM limit_state ls WHERE ls.room <= 0)
-               || ARRAY(SELECT l.label FROM taskfleet.label_limits l
-                        WHERE (l.max_in_flight IS NOT NULL OR l.rate_per_second IS NOT NULL)
-                          AND l.label <> ALL(ARRAY(SELECT limit_rows.label FROM limit_rows)))
+               || ARRAY(SELECT h.label FROM limit_hint h WHERE h.full OR h.bucket < 1)
                AS labels
     ),
     -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
@@ -627,10 +604,61 @@ task_claim = _query(
             FOR UPDATE OF t SKIP LOCKED
         ) AS picked
     ),
-    -- A limited label's picks beyond its room: left out (they stay pending). Strict picks
-    -- first, then each lane in its claim order. A task with several limited labels must fit
-    -- in the room of each.
+    -- The limited labels among the picks. Only their limit rows are locked: a claim that took
+    -- no limited task touches no limit row.
+    picked_limited AS (
+        SELECT DISTINCT u.label
+        FROM (SELECT strict.labels FROM strict UNION ALL SELECT normal.labels FROM normal) AS p
+        CROSS JOIN LATERAL unnest(p.labels) AS u(label)
+        WHERE u.label = ANY(ARRAY(SELECT limit_hint.label FROM limit_hint))
+    ),
+    -- Their rows, locked in label order for this transaction and never waited for (SKIP
+    -- LOCKED: a row another claim holds right now means this claim leaves that label's picks
+    -- for the next one). As locked, a row is its latest committed version, whatever this
+    -- statement's snapshot: the count and bucket below are exact.
+    limit_rows AS (
+        SELECT l.label, l.max_in_flight, l.rate_per_second, l.in_flight, l.tokens, l.refilled_at
+        FROM taskfleet.label_limits l
+        WHERE l.label = ANY(ARRAY(SELECT picked_limited.label FROM picked_limited))
+          AND (l.max_in_flight IS NOT NULL OR l.rate_per_second IS NOT NULL)
+        ORDER BY l.label
+        FOR UPDATE SKIP LOCKED
+    ),
+    -- Counted tasks of those labels that left running since (written by a trigger without
+    -- touching the limit row): folded into the count here, each exactly once.
+    released AS (
+        DELETE FROM taskfleet.label_limit_releases r
+        WHERE r.label = ANY(ARRAY(SELECT limit_rows.label FROM limit_rows))
+        RETURNING r.label
+    ),
+    -- Each locked label: tasks running, tokens now, and the room this claim has.
+    limit_state AS (
+        SELECT s.*,
+               LEAST(COALESCE(s.max_in_flight - s.running, 2147483647),
+                     COALESCE(floor(s.bucket), 2147483647)) AS room
+        FROM (
+            SELECT lr.label, lr.max_in_flight, lr.rate_per_second,
+                   GREATEST(lr.in_flight - (SELECT count(*) FROM released
+                                            WHERE released.label = lr.label), 0) AS running,
+                   (SELECT count(*) FROM released WHERE released.label = lr.label) AS freed,
+                   CASE WHEN lr.rate_per_second IS NOT NULL THEN
+                       LEAST(GREATEST(lr.rate_per_second, 1),
+                             lr.tokens + lr.rate_per_second * GREATEST(
+                                 CAST(EXTRACT(EPOCH FROM now() - lr.refilled_at) AS float8), 0))
+                   END AS bucket
+            FROM limit_rows lr
+        ) AS s
+    ),
+    -- Picks left out (they stay pending): those of a limited label whose row another claim
+    -- holds, and those beyond a label's room (strict picks first, then each lane in its claim
+    -- order). A task with several limited labels must fit in the room of each.
     over_limit AS (
+        SELECT p.id
+        FROM (SELECT strict.id, strict.labels FROM strict
+              UNION ALL SELECT normal.id, normal.labels FROM normal) AS p
+        WHERE p.labels && ARRAY(SELECT picked_limited.label FROM picked_limited
+                                EXCEPT SELECT limit_rows.label FROM limit_rows)
+        UNION
         SELECT ranked.id FROM (
             SELECT p.id, ls.room,
                    row_number() OVER (PARTITION BY ls.label
@@ -706,12 +734,13 @@ task_claim = _query(
         SET status = 'running',
             worker_id = CAST(:worker_id AS text),
             attempts = t.attempts + 1,
-            -- The clock when the row is taken, after this statement's snapshot: later than the
+            -- The clock when the rows are taken, after this statement's snapshot: later than the
             -- finished_at of any finish whose freed slot (label limit) this claim used.
-            started_at = clock_timestamp(),
-            lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8)),
+            started_at = taken_at.now,
+            lease_expires_at = taken_at.now + make_interval(secs => CAST(:lease_ttl AS float8)),
             limit_labels = ARRAY(SELECT ls.label FROM limit_state ls
                                  WHERE ls.label = ANY(t.labels) ORDER BY ls.label)
+        FROM (SELECT clock_timestamp() AS now) AS taken_at
         -- = ANY(ARRAY(...)) makes this a primary-key lookup; a join against the picks is
         -- planned as a hash join over the whole table once it grows (measured: 15 ms at 20k).
         WHERE t.id = ANY(ARRAY(SELECT id FROM control UNION ALL SELECT id FROM strict
@@ -738,16 +767,14 @@ task_claim = _query(
         WHERE l.label = ls.label AND (taken.n IS NOT NULL OR ls.freed > 0)
         RETURNING l.label
     ),
-    -- When a rate limit held work back: the seconds until its next token (the worker asks
-    -- again then instead of at its poll interval). A row another claim held: soon.
+    -- When a limit held picks back: the seconds until a rate-limited label's next token (the
+    -- worker asks again then instead of at its poll interval); a row another claim held, or a
+    -- room smaller than the picks: soon.
     limit_wait AS (
         SELECT LEAST(
-                   (SELECT min((1 - ls.bucket) / ls.rate_per_second) FROM limit_state ls
-                    WHERE ls.rate_per_second IS NOT NULL AND ls.bucket < 1),
-                   (SELECT 0.05 FROM taskfleet.label_limits l
-                    WHERE (l.max_in_flight IS NOT NULL OR l.rate_per_second IS NOT NULL)
-                      AND l.label <> ALL(ARRAY(SELECT limit_rows.label FROM limit_rows))
-                    LIMIT 1)
+                   (SELECT min((1 - h.bucket) / h.rate_per_second) FROM limit_hint h
+                    WHERE h.bucket < 1),
+                   (SELECT 0.05 FROM over_limit LIMIT 1)
                ) AS seconds
     )
     -- Always one row at least, so the probe result and the written outcomes come back when

@@ -284,6 +284,26 @@ async def test_the_rate_limit_bucket_holds_one_seconds_worth(conn: asyncpg.Conne
     assert row["limit_wait_seconds"] is not None and 0 < row["limit_wait_seconds"] <= 0.5
 
 
+async def test_a_limit_row_held_by_another_claim_is_skipped_never_waited_for(
+    database_url: str, conn: asyncpg.Connection
+) -> None:
+    await write_config(conn, labelLimits={"hot": {"maxInFlight": 5}})
+    hot, cold = await insert_tasks(conn, [NewTask(labels=["hot"]), NewTask(labels=["cold"])])
+    async with connected(database_url) as other:
+        holding = other.transaction()
+        await holding.start()
+        await other.execute("SELECT 1 FROM taskfleet.label_limits WHERE label = 'hot' FOR UPDATE")
+        # The claim does not wait: it takes what it can and leaves the hot task pending.
+        got = await asyncio.wait_for(claim_ids(conn, groups=[(None, 5)]), 10)
+        assert got == [cold]
+        assert await conn.fetchval("SELECT status FROM taskfleet.tasks WHERE id = $1", hot) == (
+            "pending"
+        )
+        await holding.rollback()
+    assert await claim_ids(conn, groups=[(None, 5)]) == [hot]
+    assert await conn.fetchval("SELECT in_flight FROM taskfleet.label_limits") == 1
+
+
 async def test_concurrent_claimers_never_exceed_max_in_flight(database_url: str) -> None:
     """Eight connections claim and finish as fast as they can; the running count read from
     started_at/finished_at never goes over the limit (each claim and finish is its own
