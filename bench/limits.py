@@ -3,14 +3,16 @@
     python -m bench.limits [--tasks 40000] [--claims 1500] [--claimers 4] [--reps 3]
 
 On a fresh database per run, ``--tasks`` pending normal-lane tasks, every other one labelled
-(``hot``, or one of ``h0`` .. ``h9``), then the worker's hot path as it runs it: one
+(``hot``, or one of ``h0`` .. ``h9``; one in 20 for ``on-1-rare``), then the worker's hot path as it runs it: one
 ``task_claim`` of 10 tasks at a time, each carrying the outcomes (completed) of the previous one.
 Scenarios, interleaved across repetitions so machine drift spreads over all of them:
 
 - ``off``: no limit configured;
 - ``on-1``: ``labelLimits {"hot": {maxInFlight: 1000000, ratePerSecond: 1000000}}``: a limit
   that never holds anything back, so the figure is its pure cost (lock, count, bucket);
-- ``on-10``: ten such limits (``h0`` .. ``h9``): a claim locks ten limit rows.
+- ``on-10``: ten such limits (``h0`` .. ``h9``): a claim locks up to ten limit rows;
+- ``on-1-rare``: the ``on-1`` limit, with only one task in 20 labelled ``hot``: what a limit
+  costs the claims of the other labels.
 
 Two figures per scenario: one connection claiming ``--claims`` times (median and p95 claim
 round trip, ms), and ``--claimers`` connections draining ``--tasks`` tasks at once (tasks/s):
@@ -43,6 +45,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "off": {},
     "on-1": {"labelLimits": {"hot": UNLIMITED}},
     "on-10": {"labelLimits": {f"h{i}": UNLIMITED for i in range(10)}},
+    "on-1-rare": {"labelLimits": {"hot": UNLIMITED}},
 }
 
 
@@ -79,10 +82,11 @@ async def _seed(url: str, scenario: str, tasks: int) -> None:
     conn = await db.connect(url)
     try:
         label = "'hot'" if scenario != "on-10" else "'h' || (g / 2 % 10)"
+        every = 20 if scenario == "on-1-rare" else 2
         await conn.execute(
             "INSERT INTO taskfleet.tasks (type, labels, group_key)"
-            f" SELECT 'demo.echo', CASE WHEN g % 2 = 0 THEN ARRAY[{label}] ELSE '{{}}' END, ''"
-            f" FROM generate_series(1, {int(tasks)}) AS g"
+            f" SELECT 'demo.echo', CASE WHEN g % {every} = 0 THEN ARRAY[{label}] ELSE '{{}}' END,"
+            f" '' FROM generate_series(1, {int(tasks)}) AS g"
         )
         await conn.execute("VACUUM ANALYZE taskfleet.tasks")
     finally:
