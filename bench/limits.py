@@ -3,8 +3,9 @@
     python -m bench.limits [--tasks 40000] [--claims 1500] [--claimers 4] [--reps 3]
 
 On a fresh database per run, ``--tasks`` pending normal-lane tasks, every other one labelled
-(``hot``, or one of ``h0`` .. ``h9``; one in 20 for ``on-1-rare``), then the worker's hot path as it runs it: one
-``task_claim`` of 10 tasks at a time, each carrying the outcomes (completed) of the previous one.
+(``hot``, or one of ``h0`` .. ``h9``; one in 20 for ``on-1-rare``), then the worker's hot path
+as it runs it: one ``task_claim`` of 10 tasks at a time, each carrying the outcomes (completed)
+of the previous one.
 Scenarios, interleaved across repetitions so machine drift spreads over all of them:
 
 - ``off``: no limit configured;
