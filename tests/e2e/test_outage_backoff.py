@@ -57,8 +57,7 @@ def _retries(proc: Proc, start: float, end: float) -> dict[str, list[tuple[float
 
 
 async def test_every_loop_backs_off_as_it_logs_during_an_outage(database_url: str) -> None:
-    target = urlsplit(pg.with_database(database_url, "x"))
-    proxy = CountingProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    proxy = CountingProxy.for_url(database_url)
     await proxy.start()
     name = urlsplit(database_url).path.lstrip("/")
     admin = await asyncpg.connect(pg.with_database(database_url, "postgres"))
