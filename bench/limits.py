@@ -72,8 +72,13 @@ def _claim_params(worker_id: str, finished: list[int]) -> dict[str, Any]:
     }
 
 
-async def _claim(conn: asyncpg.Connection, worker_id: str, finished: list[int]) -> list[int]:
-    sql, args = queries.task_claim.positional(_claim_params(worker_id, finished))
+async def _claim(
+    conn: asyncpg.Connection, worker_id: str, finished: list[int], *, limited: bool
+) -> list[int]:
+    """One claim, with the limits' accounting when a limit is configured (as the worker does:
+    ``task_claim_limited`` while its config has a limit, ``task_claim`` otherwise)."""
+    query = queries.task_claim_limited if limited else queries.task_claim
+    sql, args = query.positional(_claim_params(worker_id, finished))
     rows = await conn.fetch(sql, *args)
     return [r["id"] for r in rows if r["id"] is not None]
 
@@ -94,14 +99,14 @@ async def _seed(url: str, scenario: str, tasks: int) -> None:
         await conn.close()
 
 
-async def _single(url: str, claims: int) -> dict[str, float]:
+async def _single(url: str, claims: int, limited: bool) -> dict[str, float]:
     conn = await db.connect(url)
     try:
         finished: list[int] = []
         times: list[float] = []
         for _ in range(claims):
             started = time.perf_counter()
-            finished = await _claim(conn, "w-bench", finished)
+            finished = await _claim(conn, "w-bench", finished, limited=limited)
             times.append(time.perf_counter() - started)
         times.sort()
         return {
@@ -112,7 +117,7 @@ async def _single(url: str, claims: int) -> dict[str, float]:
         await conn.close()
 
 
-async def _drain(url: str, claimers: int) -> dict[str, float]:
+async def _drain(url: str, claimers: int, limited: bool) -> dict[str, float]:
     conns = [await db.connect(url) for _ in range(claimers)]
     try:
         left = await conns[0].fetchval(
@@ -123,7 +128,7 @@ async def _drain(url: str, claimers: int) -> dict[str, float]:
             finished: list[int] = []
             done = empties = 0
             while empties < 3:
-                got = await _claim(conn, f"w-drain-{index}", finished)
+                got = await _claim(conn, f"w-drain-{index}", finished, limited=limited)
                 done += len(finished)
                 finished = got
                 empties = 0 if got else empties + 1
@@ -149,8 +154,9 @@ async def measure(
     result: dict[str, Any] = {"bench": "limits", "scenario": scenario, "tasks": tasks}
     async with templates.clone(system.template_key, system.install) as url:
         await _seed(url, scenario, tasks)
-        result.update(await _single(url, claims))
-        result.update(await _drain(url, claimers))
+        limited = bool(SCENARIOS[scenario])
+        result.update(await _single(url, claims, limited))
+        result.update(await _drain(url, claimers, limited))
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return result
 

@@ -523,18 +523,27 @@ _FINISH_SET = f"""
 # no room). Filters inside the lane's index range: see docs/operations.md#pause-and-resume.
 _CLAIMABLE = """t.run_after <= now() AND t.type = ANY(CAST(:types AS text[]))
               AND t.requires <@ CAST(:tags AS text[])
-              AND NOT (t.labels && (SELECT excluded.labels FROM excluded))"""
+              AND NOT (t.labels && (SELECT excluded.labels FROM excluded))
+              AND (SELECT limits_off.ok FROM limits_off)"""
 
-task_claim = _query(
-    "task_claim",
-    f"""
-    WITH
-    -- Outcomes of attempts finished since the last claim: written in this same round trip.
-    finished AS (
-        UPDATE taskfleet.tasks t
-        {_FINISH_SET}
-        RETURNING t.id
+
+# Without limits: the labels the claim leaves alone are the paused ones, and a guard stops it
+# (every lane but control) when a label limit is active in the database (limits_active): the
+# worker's config may not say so yet, and a claim without the accounting must never take a
+# limited task. The worker then claims with task_claim_limited.
+_NO_LIMIT_HEAD = """
+    excluded AS (SELECT CAST(:paused_labels AS text[]) AS labels),
+    limits_off AS (
+        SELECT NOT EXISTS (SELECT 1 FROM taskfleet.label_limits l
+                           WHERE l.max_in_flight IS NOT NULL OR l.rate_per_second IS NOT NULL)
+               AS ok
     ),
+"""
+_NO_LIMIT_TAIL = """
+    limit_wait AS (SELECT CAST(NULL AS float8) AS seconds)
+"""
+
+_LIMIT_HEAD = """
     -- Fleet-wide label limits (runtime config labelLimits, kept in label_limits), as this
     -- statement's snapshot sees them, unlocked: which labels are limited, and which have no
     -- room (running at maxInFlight, counting the releases not folded in yet; or an empty token
@@ -559,51 +568,9 @@ task_claim = _query(
                || ARRAY(SELECT h.label FROM limit_hint h WHERE h.full OR h.bucket < 1)
                AS labels
     ),
-    -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
-    -- cap, into the worker's extra control slot (control_limit is 0 or 1). Never paused, never
-    -- limited, never routed.
-    control AS (
-        SELECT t.id FROM taskfleet.tasks t
-        WHERE t.status = 'pending' AND t.priority = {CONTROL_PRIORITY} AND t.run_after <= now()
-          AND t.type = ANY(CAST(:types AS text[]))
-        ORDER BY t.priority DESC, t.created_at, t.id
-        LIMIT CAST(:control_limit AS int)
-        FOR UPDATE SKIP LOCKED
-    ),
-    -- Strict lane: priority > 0, up to the free strict slots (cap minus strict in flight).
-    -- Every lane takes only the types this worker has handlers for (:types): a type it does
-    -- not know stays pending for a worker that does (a rolling deploy's new types).
-    strict AS (
-        SELECT t.id, t.labels, t.priority, t.weight, t.created_at FROM taskfleet.tasks t
-        WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
-          AND {_CLAIMABLE}
-        ORDER BY t.priority DESC, t.created_at, t.id
-        LIMIT CAST(:strict_limit AS int)
-        FOR UPDATE SKIP LOCKED
-    ),
-    -- Normal-lane quotas from the worker's weighted rotation: one row per group, its key as
-    -- stored in tasks.group_key (NULL, the default group, is ''). A group whose key is an
-    -- excluded label holds only excluded tasks: skipped without reading a row.
-    quota AS (
-        SELECT COALESCE(q.grp, '') AS grp, q.n
-        FROM unnest(CAST(:group_keys AS text[]), CAST(:group_limits AS int[])) AS q(grp, n)
-        WHERE q.n > 0
-          AND NOT (ARRAY[COALESCE(q.grp, '')] && (SELECT excluded.labels FROM excluded))
-    ),
-    -- Normal lane: per group, its quota of tasks in (weight DESC, created_at, id) order: an
-    -- index range of the group's own rows, whatever the other groups hold.
-    normal AS (
-        SELECT quota.grp, picked.id, picked.labels, picked.weight, picked.created_at
-        FROM quota
-        CROSS JOIN LATERAL (
-            SELECT t.id, t.labels, t.weight, t.created_at FROM taskfleet.tasks t
-            WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = quota.grp
-              AND {_CLAIMABLE}
-            ORDER BY t.weight DESC, t.created_at, t.id
-            LIMIT quota.n
-            FOR UPDATE OF t SKIP LOCKED
-        ) AS picked
-    ),
+    limits_off AS (SELECT true AS ok),
+"""
+_LIMIT_MID = """
     -- The limited labels among the picks. Only their limit rows are locked: a claim that took
     -- no limited task touches no limit row.
     picked_limited AS (
@@ -673,7 +640,110 @@ task_claim = _query(
         ) AS ranked
         WHERE ranked.nth > ranked.room
     ),
-    -- A group that came back short: were rows skipped because another worker holds them
+"""
+_LIMIT_TAIL = """
+    -- The locked limit rows that changed: what this claim started and the releases it folded
+    -- in (the bucket is refilled lazily: an untouched row stays as it is).
+    limits_charged AS (
+        UPDATE taskfleet.label_limits l
+        SET in_flight = ls.running + COALESCE(taken.n, 0),
+            tokens = CASE WHEN ls.rate_per_second IS NULL THEN l.tokens
+                          ELSE ls.bucket - COALESCE(taken.n, 0) END,
+            refilled_at = CASE WHEN ls.rate_per_second IS NULL THEN l.refilled_at
+                               ELSE GREATEST(l.refilled_at, now()) END
+        FROM limit_state ls
+        LEFT JOIN (SELECT u.label, count(*) AS n
+                   FROM claimed CROSS JOIN LATERAL unnest(claimed.limit_labels) AS u(label)
+                   GROUP BY u.label) AS taken ON taken.label = ls.label
+        WHERE l.label = ls.label AND (taken.n IS NOT NULL OR ls.freed > 0)
+        RETURNING l.label
+    ),
+    -- When a limit held picks back: the seconds until a rate-limited label's next token (the
+    -- worker asks again then instead of at its poll interval); a row another claim held, or a
+    -- room smaller than the picks: soon.
+    limit_wait AS (
+        SELECT LEAST(
+                   (SELECT min((1 - h.bucket) / h.rate_per_second) FROM limit_hint h
+                    WHERE h.bucket < 1),
+                   (SELECT 0.05 FROM over_limit LIMIT 1)
+               ) AS seconds
+    )
+"""
+
+
+def _claim_sql(*, limited: bool) -> str:
+    """The claim statement; ``limited``: with the fleet-wide label limits' accounting."""
+    limit_head = _LIMIT_HEAD if limited else _NO_LIMIT_HEAD
+    limit_mid = _LIMIT_MID if limited else ""
+    limit_tail = _LIMIT_TAIL if limited else _NO_LIMIT_TAIL
+    limit_labels = (
+        "ARRAY(SELECT ls.label FROM limit_state ls\n"
+        "                                 WHERE ls.label = ANY(t.labels) ORDER BY ls.label)"
+        if limited
+        # Never a stale list from an earlier limited claim: it would be released twice.
+        else "'{}'"
+    )
+    limit_except = (
+        "\n                               EXCEPT SELECT id FROM over_limit" if limited else ""
+    )
+    # The limits' accounting ranks the picks by label: it needs their labels and claim order.
+    strict_columns = ", t.labels, t.priority, t.weight, t.created_at" if limited else ""
+    normal_columns = ", t.labels, t.weight, t.created_at" if limited else ""
+    return f"""
+    WITH
+    -- Outcomes of attempts finished since the last claim: written in this same round trip.
+    finished AS (
+        UPDATE taskfleet.tasks t
+        {_FINISH_SET}
+        RETURNING t.id
+    ),
+{limit_head}
+    -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
+    -- cap, into the worker's extra control slot (control_limit is 0 or 1). Never paused, never
+    -- limited, never routed.
+    control AS (
+        SELECT t.id FROM taskfleet.tasks t
+        WHERE t.status = 'pending' AND t.priority = {CONTROL_PRIORITY} AND t.run_after <= now()
+          AND t.type = ANY(CAST(:types AS text[]))
+        ORDER BY t.priority DESC, t.created_at, t.id
+        LIMIT CAST(:control_limit AS int)
+        FOR UPDATE SKIP LOCKED
+    ),
+    -- Strict lane: priority > 0, up to the free strict slots (cap minus strict in flight).
+    -- Every lane takes only the types this worker has handlers for (:types): a type it does
+    -- not know stays pending for a worker that does (a rolling deploy's new types).
+    strict AS (
+        SELECT t.id{strict_columns} FROM taskfleet.tasks t
+        WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
+          AND {_CLAIMABLE}
+        ORDER BY t.priority DESC, t.created_at, t.id
+        LIMIT CAST(:strict_limit AS int)
+        FOR UPDATE SKIP LOCKED
+    ),
+    -- Normal-lane quotas from the worker's weighted rotation: one row per group, its key as
+    -- stored in tasks.group_key (NULL, the default group, is ''). A group whose key is an
+    -- excluded label holds only excluded tasks: skipped without reading a row.
+    quota AS (
+        SELECT COALESCE(q.grp, '') AS grp, q.n
+        FROM unnest(CAST(:group_keys AS text[]), CAST(:group_limits AS int[])) AS q(grp, n)
+        WHERE q.n > 0
+          AND NOT (ARRAY[COALESCE(q.grp, '')] && (SELECT excluded.labels FROM excluded))
+    ),
+    -- Normal lane: per group, its quota of tasks in (weight DESC, created_at, id) order: an
+    -- index range of the group's own rows, whatever the other groups hold.
+    normal AS (
+        SELECT quota.grp, picked.*
+        FROM quota
+        CROSS JOIN LATERAL (
+            SELECT t.id{normal_columns} FROM taskfleet.tasks t
+            WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = quota.grp
+              AND {_CLAIMABLE}
+            ORDER BY t.weight DESC, t.created_at, t.id
+            LIMIT quota.n
+            FOR UPDATE OF t SKIP LOCKED
+        ) AS picked
+    ),
+{limit_mid}    -- A group that came back short: were rows skipped because another worker holds them
     -- (contended: ask again soon) or is it empty (dry until a hint)? One index probe for the
     -- first ready row this claim did not take, only for a short group (CASE evaluates lazily).
     contended AS (
@@ -738,56 +808,33 @@ task_claim = _query(
             -- finished_at of any finish whose freed slot (label limit) this claim used.
             started_at = taken_at.now,
             lease_expires_at = taken_at.now + make_interval(secs => CAST(:lease_ttl AS float8)),
-            limit_labels = ARRAY(SELECT ls.label FROM limit_state ls
-                                 WHERE ls.label = ANY(t.labels) ORDER BY ls.label)
+            limit_labels = {limit_labels}
         FROM (SELECT clock_timestamp() AS now) AS taken_at
         -- = ANY(ARRAY(...)) makes this a primary-key lookup; a join against the picks is
         -- planned as a hash join over the whole table once it grows (measured: 15 ms at 20k).
         WHERE t.id = ANY(ARRAY(SELECT id FROM control UNION ALL SELECT id FROM strict
-                               UNION ALL SELECT id FROM normal
-                               EXCEPT SELECT id FROM over_limit))
+                               UNION ALL SELECT id FROM normal{limit_except}))
         RETURNING t.id, t.type, t.payload, t.priority, t.weight, t.labels, t.attempts,
                   t.max_attempts, t.timeout, t.cancel_requested, t.group_key, t.limit_labels,
                   CAST(EXTRACT(EPOCH FROM now() - GREATEST(t.created_at, t.run_after))
                        AS float8) AS wait_seconds
     ),
-    -- The locked limit rows that changed: what this claim started and the releases it folded
-    -- in (the bucket is refilled lazily: an untouched row stays as it is).
-    limits_charged AS (
-        UPDATE taskfleet.label_limits l
-        SET in_flight = ls.running + COALESCE(taken.n, 0),
-            tokens = CASE WHEN ls.rate_per_second IS NULL THEN l.tokens
-                          ELSE ls.bucket - COALESCE(taken.n, 0) END,
-            refilled_at = CASE WHEN ls.rate_per_second IS NULL THEN l.refilled_at
-                               ELSE GREATEST(l.refilled_at, now()) END
-        FROM limit_state ls
-        LEFT JOIN (SELECT u.label, count(*) AS n
-                   FROM claimed CROSS JOIN LATERAL unnest(claimed.limit_labels) AS u(label)
-                   GROUP BY u.label) AS taken ON taken.label = ls.label
-        WHERE l.label = ls.label AND (taken.n IS NOT NULL OR ls.freed > 0)
-        RETURNING l.label
-    ),
-    -- When a limit held picks back: the seconds until a rate-limited label's next token (the
-    -- worker asks again then instead of at its poll interval); a row another claim held, or a
-    -- room smaller than the picks: soon.
-    limit_wait AS (
-        SELECT LEAST(
-                   (SELECT min((1 - h.bucket) / h.rate_per_second) FROM limit_hint h
-                    WHERE h.bucket < 1),
-                   (SELECT 0.05 FROM over_limit LIMIT 1)
-               ) AS seconds
-    )
+{limit_tail}
     -- Always one row at least, so the probe result and the written outcomes come back when
     -- nothing was claimed.
     SELECT waiting.strict_waiting, waiting.normal_waiting,
            ARRAY(SELECT finished.id FROM finished) AS finished_ids,
            contended.groups AS contended_groups, waiting.strict_contended,
            CAST(limit_wait.seconds AS float8) AS limit_wait_seconds,
-           (SELECT count(*) FROM limits_charged) AS limits_charged,
+           NOT (SELECT limits_off.ok FROM limits_off) AS limits_active,
            claimed.*
     FROM waiting CROSS JOIN contended CROSS JOIN limit_wait LEFT JOIN claimed ON true
-    """,
-)
+"""
+
+
+task_claim = _query("task_claim", _claim_sql(limited=False))
+# The same claim with the accounting of the active label limits (docs/architecture.md).
+task_claim_limited = _query("task_claim_limited", _claim_sql(limited=True))
 
 task_finish_batch = _query(
     "task_finish_batch",

@@ -87,6 +87,9 @@ class ClaimLoop:
         #: When a fleet-wide rate limit that held work back gets its next token (clock time),
         #: or None: the loop asks again then, not at its poll interval.
         self._limit_retry_at: float | None = None
+        #: The config under which the database said a label limit is active although the config
+        #: has none (not applied here yet): claims use the limited statement until the next.
+        self._limits_seen_under: object | None = None
         self._tags = list(settings.worker_tags)
 
     # ---------------------------------------------------------------- hints
@@ -225,9 +228,13 @@ class ClaimLoop:
                 self._control_hint = False
             outcomes = self._outcomes.take_for_claim()
             self._in_flight_since = self._clock()
+            config = self._planner.config
+            # With a label limit active, the claim that keeps the limits' accounting; without,
+            # the plain one, which takes nothing limited (it answers limits_active instead).
+            limited = bool(config.label_limits) or self._limits_seen_under is config
             try:
                 rows = await self._db.fetch(
-                    queries.task_claim,
+                    queries.task_claim_limited if limited else queries.task_claim,
                     **finish_params(outcomes),
                     control_limit=plan.control,
                     strict_limit=plan.strict,
@@ -268,6 +275,12 @@ class ClaimLoop:
                 running = self._start(row)
                 claimed[(running.lane, running.group)] += 1
             self._metrics.claim_queries.labels("claimed" if claimed else "empty").inc()
+            if rows and rows[0]["limits_active"] and not limited:
+                # The database has a limit this worker's config does not show yet: claim again
+                # at once with the accounting (nothing but control was taken; nothing is dry).
+                self._limits_seen_under = config
+                generation = -1
+                self.hint_work()
             limit_wait = rows[0]["limit_wait_seconds"] if rows else None
             if limit_wait is not None:
                 self._limit_retry_at = self._clock() + max(0.0, float(limit_wait))

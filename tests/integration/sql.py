@@ -180,9 +180,7 @@ async def claim(
     await ensure_grouping(conn, configured)
     if attempts is None:
         attempts = await current_attempts(conn, [i for i, _ in outcomes])
-    rows = await run(
-        conn,
-        q.task_claim,
+    params = dict(
         **outcome_params(outcomes, error=error, attempts=attempts),
         control_limit=control,
         strict_limit=strict,
@@ -196,6 +194,11 @@ async def claim(
         tags=sorted(tags),
         paused_labels=list(paused_labels),
     )
+    rows = await run(conn, q.task_claim, **params)
+    if rows and rows[0]["limits_active"]:
+        # As the worker does: a label limit is active, claim with its accounting.
+        assert all(r["id"] is None or r["priority"] == CONTROL_PRIORITY for r in rows)
+        rows = await run(conn, q.task_claim_limited, **params)
     assert rows, "task_claim always returns at least one row"
     # The per-statement columns repeat on every row.
     waiting = {(r["strict_waiting"], r["normal_waiting"]) for r in rows}

@@ -138,7 +138,7 @@ async def test_a_group_whose_key_is_paused_is_not_even_probed(conn: asyncpg.Conn
     assert result.ids == []
     (row,) = await run(
         conn,
-        q.task_claim,
+        q.task_claim_limited,
         fin_ids=[],
         fin_attempts=[],
         fin_statuses=[],
@@ -261,7 +261,7 @@ async def test_the_rate_limit_bucket_holds_one_seconds_worth(conn: asyncpg.Conne
     assert again.ids == []
     (row,) = await run(
         conn,
-        q.task_claim,
+        q.task_claim_limited,
         fin_ids=[],
         fin_attempts=[],
         fin_statuses=[],
