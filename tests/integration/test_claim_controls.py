@@ -18,6 +18,7 @@ from tests.integration.sql import (
     claim,
     claim_ids,
     connected,
+    control_task,
     insert_tasks,
     register_worker,
     run,
@@ -178,6 +179,49 @@ async def test_a_config_version_keeps_the_limit_rows(conn: asyncpg.Connection) -
         "SELECT label, max_in_flight, rate_per_second FROM taskfleet.label_limits ORDER BY label"
     )
     assert [tuple(r) for r in rows] == [("a", None, None), ("b", None, 4.0)]
+
+
+async def test_the_plain_claim_takes_nothing_but_control_while_a_limit_is_active(
+    conn: asyncpg.Connection,
+) -> None:
+    """A worker whose config does not show a limit yet must not start tasks uncounted."""
+    await write_config(conn, labelLimits={"hot": {"maxInFlight": 5}})
+    cold, strict = await insert_tasks(conn, [NewTask(labels=["cold"]), NewTask(priority=2)])
+    (config_task,) = await insert_tasks(conn, [control_task()])
+    rows = await run(conn, q.task_claim, **plain_claim_params(strict=2, control=1, group=5))
+    assert [r["id"] for r in rows] == [config_task]
+    assert all(r["limits_active"] for r in rows)
+    statuses = await conn.fetch(
+        "SELECT status FROM taskfleet.tasks WHERE id = ANY($1::bigint[])", [cold, strict]
+    )
+    assert {r["status"] for r in statuses} == {"pending"}
+    # Limits removed: the plain claim takes everything again, and says so.
+    await write_config(conn)
+    rows = await run(conn, q.task_claim, **plain_claim_params(strict=2, control=0, group=5))
+    assert sorted(r["id"] for r in rows) == sorted([cold, strict])
+    assert not rows[0]["limits_active"]
+
+
+def plain_claim_params(*, strict: int, control: int, group: int) -> dict[str, object]:
+    return {
+        "fin_ids": [],
+        "fin_attempts": [],
+        "fin_statuses": [],
+        "fin_results": [],
+        "fin_errors": [],
+        "fin_retry_in": [],
+        "control_limit": control,
+        "strict_limit": strict,
+        "group_keys": [None],
+        "group_limits": [group],
+        "probe_strict": False,
+        "probe_normal": False,
+        "worker_id": "w1",
+        "lease_ttl": 30.0,
+        "types": ["demo.echo", "updateWorkerRuntimeConfig"],
+        "tags": [],
+        "paused_labels": [],
+    }
 
 
 async def test_max_in_flight_caps_claims_and_a_finish_frees_a_slot(
