@@ -20,6 +20,13 @@ round trip, ms), and ``--claimers`` connections draining ``--tasks`` tasks at on
 the concurrent case is where claims meet on the limit rows (``SKIP LOCKED``: a claim that finds
 a row held leaves that label for the next claim, it never waits).
 Prints one JSON line per scenario and repetition.
+
+    python -m bench.limits --plan
+
+instead prints what the two claim statements cost the server alone, from ``EXPLAIN (ANALYZE,
+SUMMARY)`` in a transaction rolled back (medians of 30, on the ``off`` seed): planning and
+execution time of ``task_claim`` (the plain claim) and ``task_claim_limited`` (with the limits'
+accounting), with nothing configured.
 """
 
 from __future__ import annotations
@@ -161,8 +168,51 @@ async def measure(
     return result
 
 
+async def plan_costs(templates: Templates, tasks: int, runs: int = 30) -> list[dict[str, Any]]:
+    system = Taskfleet()
+    lines = []
+    async with templates.clone(system.template_key, system.install) as url:
+        await _seed(url, "off", tasks)
+        conn = await db.connect(url)
+        try:
+            for query in (queries.task_claim, queries.task_claim_limited) * 2:
+                sql, args = query.positional(_claim_params("w-plan", []))
+                planning, execution = [], []
+                for _ in range(runs):
+                    transaction = conn.transaction()
+                    await transaction.start()
+                    try:
+                        raw = await conn.fetchval(
+                            f"EXPLAIN (ANALYZE, SUMMARY, FORMAT JSON) {sql}", *args
+                        )
+                    finally:
+                        await transaction.rollback()
+                    (doc,) = json.loads(raw) if isinstance(raw, str) else raw
+                    planning.append(doc["Planning Time"])
+                    execution.append(doc["Execution Time"])
+                lines.append(
+                    {
+                        "bench": "limits-plan",
+                        "statement": query.name,
+                        "planning_ms_median": round(statistics.median(planning), 3),
+                        "execution_ms_median": round(statistics.median(execution), 3),
+                        "load_average": [round(x, 2) for x in os.getloadavg()],
+                    }
+                )
+        finally:
+            await conn.close()
+    return lines
+
+
 async def _main(args: argparse.Namespace) -> None:
     templates = Templates(args.database_url)
+    if args.plan:
+        try:
+            for line in await plan_costs(templates, args.tasks):
+                print(json.dumps(line), flush=True)
+        finally:
+            await templates.close()
+        return
     try:
         for rep in range(args.reps):
             for scenario in SCENARIOS:
@@ -179,6 +229,7 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=1500)
     parser.add_argument("--claimers", type=int, default=4)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--plan", action="store_true", help="the statements' server cost only")
     parser.add_argument("--database-url", default=DEFAULT_SERVER)
     asyncio.run(_main(parser.parse_args()))
 
