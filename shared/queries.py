@@ -598,7 +598,9 @@ _LIMIT_MID = """
         WHERE r.label = ANY(ARRAY(SELECT limit_rows.label FROM limit_rows))
         RETURNING r.label
     ),
-    -- Each locked label: tasks running, tokens now, and the room this claim has.
+    -- Each locked label: tasks running, tokens now, and the room this claim has. The bucket
+    -- runs on the clock read after the lock (not the transaction's start, which may be older
+    -- than the last refill), the clock the claimed rows' started_at is read from.
     limit_state AS (
         SELECT s.*,
                LEAST(COALESCE(s.max_in_flight - s.running, 2147483647),
@@ -611,7 +613,8 @@ _LIMIT_MID = """
                    CASE WHEN lr.rate_per_second IS NOT NULL THEN
                        LEAST(GREATEST(lr.rate_per_second, 1),
                              lr.tokens + lr.rate_per_second * GREATEST(
-                                 CAST(EXTRACT(EPOCH FROM now() - lr.refilled_at) AS float8), 0))
+                                 CAST(EXTRACT(EPOCH FROM clock_timestamp() - lr.refilled_at)
+                                      AS float8), 0))
                    END AS bucket
             FROM limit_rows lr
         ) AS s
@@ -650,7 +653,7 @@ _LIMIT_TAIL = """
             tokens = CASE WHEN ls.rate_per_second IS NULL THEN l.tokens
                           ELSE ls.bucket - COALESCE(taken.n, 0) END,
             refilled_at = CASE WHEN ls.rate_per_second IS NULL THEN l.refilled_at
-                               ELSE GREATEST(l.refilled_at, now()) END
+                               ELSE GREATEST(l.refilled_at, clock_timestamp()) END
         FROM limit_state ls
         LEFT JOIN (SELECT u.label, count(*) AS n
                    FROM claimed CROSS JOIN LATERAL unnest(claimed.limit_labels) AS u(label)

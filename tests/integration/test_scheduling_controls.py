@@ -194,7 +194,9 @@ async def test_rate_per_second_bounds_the_starts_fleet_wide(database_url: str) -
         rows = await kit.wait_tasks(conn, ids, {"completed"})
     starts = sorted(rows[i]["started_at"].timestamp() for i in ids)
     burst = max(1.0, rate)
-    for window in (0.25, 0.5, 1.0):
+    # Windows whose rate x window is not whole: ceil() leaves a fraction of a token of slack for
+    # the few milliseconds between the bucket's clock reading and the start's, in one claim.
+    for window in (0.3, 0.6, 1.1):
         most = max(
             sum(1 for s in starts[j:] if s < start + window) for j, start in enumerate(starts)
         )
