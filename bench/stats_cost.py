@@ -7,7 +7,8 @@ ones, of which 5 % failed and 2 % cancelled, spread over the last two hours; ``-
 of them pending, in both lanes and three label groups; a few running), ANALYZEs, configures two
 weighted labels, then times ``read_stats`` (the route's whole work: its six statements on one
 connection) and, for comparison, the exact queries it replaces: ``count(*) GROUP BY status``
-and the full per-lane-and-group scan of the pending rows that ``/metrics`` runs today. Prints
+and the full per-lane-and-group scan of the pending rows that ``/metrics`` ran before its
+gauges were bounded. Prints
 one JSON line: each figure's median and max in milliseconds over ``--repeat`` runs, after one
 warm-up run. Drops the database at the end.
 """
@@ -25,10 +26,10 @@ from typing import Any
 
 import asyncpg
 
+from bench.metrics_cost import EXACT_BEFORE
 from bench.scratch import DEFAULT_SERVER, PREFIX, admin, with_database
 from taskfleet.api.database import Database
 from taskfleet.api.stats import read_stats
-from taskfleet.shared import queries as q
 from taskfleet.shared.db import sqlalchemy_url
 from taskfleet.shared.migrations import upgrade_async
 
@@ -54,14 +55,6 @@ LATERAL (
 ) AS s
 """
 EXACT_BY_STATUS = "SELECT status, count(*) FROM taskfleet.tasks GROUP BY status"
-
-
-def _queue_stats_statement() -> list[Any]:
-    """``task_queue_stats`` as the API's scrape runs it, nothing paused."""
-    sql, args = q.task_queue_stats.positional(
-        {"paused_labels": [], "paused_types": [], "paused_lanes": []}
-    )
-    return [sql, *args]
 
 
 async def timed(fn: Callable[[], Awaitable[Any]], repeat: int) -> dict[str, float]:
@@ -99,7 +92,7 @@ async def main(rows: int, pending_share: float, repeat: int) -> dict[str, Any]:
                         lambda: conn.fetch(EXACT_BY_STATUS), repeat
                     ),
                     "full_pending_scan_by_lane_and_group": await timed(
-                        lambda: conn.fetch(*_queue_stats_statement()), repeat
+                        lambda: conn.fetch(EXACT_BEFORE[0]), repeat
                     ),
                     "estimated": stats["estimated"],
                     "sample_complete": stats["sample_complete"],

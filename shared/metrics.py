@@ -3,13 +3,38 @@ passed in.
 
 The seven ``anclax_*`` names are Anclax's, exactly, so Anclax dashboards and alerts work.
 The rest are taskfleet's own. No label takes task ids, worker ids or versions as values.
+
+Every counter moves once per real event, in the process that made it happen, and only once the
+database accepted it (docs/operations.md#metrics says what one increment means). Every label
+combination a dashboard or an alert reads exists at zero from start-up (``initialise``), so
+``rate()`` and ``increase()`` see the first event too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from taskfleet.shared.policy.convergence import DRAINING, HEARTBEAT_EXPIRED, OFFLINE
+from taskfleet.shared.policy.groups import DEFAULT_GROUP
+from taskfleet.shared.policy.lanes import Lane
+from taskfleet.shared.policy.retention import PRUNED_KINDS
+
+#: ``taskfleet_task_outcomes_total{outcome}``: how an attempt ended, as written.
+OUTCOMES = ("completed", "retried", "failed", "cancelled", "released")
+#: ``taskfleet_lease_rescues_total{outcome}``: the status a rescued task was given (cancelled:
+#: its cancel had been requested).
+RESCUE_OUTCOMES = ("pending", "failed", "cancelled")
+#: ``taskfleet_worker_claim_queries_total{result}``.
+CLAIM_RESULTS = ("claimed", "empty")
+#: ``taskfleet_worker_notifications_total{result}``.
+NOTIFICATION_RESULTS = ("ok", "malformed")
+#: ``taskfleet_runtime_config_excluded_workers_total{reason}``.
+EXCLUSION_REASONS = (HEARTBEAT_EXPIRED, DRAINING, OFFLINE)
+#: The ``group`` label of the control and strict lanes.
+NO_GROUP = ""
 
 LATENCY_BUCKETS = (
     0.001,
@@ -54,6 +79,38 @@ class WorkerMetrics:
     lease_rescues: Counter
     heartbeat_failures: Counter
     notifications: Counter
+    pruned: Counter
+    excluded_workers: Counter
+
+    def initialise(self, *, types: Iterable[str], channels: Iterable[str]) -> None:
+        """Every known label combination at zero: lanes, outcomes of every task type this worker
+        runs, rescue outcomes, claim results, notification channels, exclusion reasons, and the
+        default group (configured groups: :meth:`initialise_groups`, on every config)."""
+        for lane in Lane:
+            self.task_duration.labels(lane.value)
+            self.task_wait.labels(lane.value)
+            self.inflight.labels(lane.value)
+        self.claims.labels(Lane.CONTROL.value, NO_GROUP)
+        self.claims.labels(Lane.STRICT.value, NO_GROUP)
+        self.initialise_groups(())
+        for task_type in types:
+            for outcome in OUTCOMES:
+                self.outcomes.labels(task_type, outcome)
+        for outcome in RESCUE_OUTCOMES:
+            self.lease_rescues.labels(outcome)
+        for result in CLAIM_RESULTS:
+            self.claim_queries.labels(result)
+        for channel in channels:
+            for result in NOTIFICATION_RESULTS:
+                self.notifications.labels(channel, result)
+        for reason in EXCLUSION_REASONS:
+            self.excluded_workers.labels(reason)
+
+    def initialise_groups(self, groups: Iterable[str]) -> None:
+        """The normal lane's claim counters of ``groups`` (and the default group) at zero; a
+        series once created stays (a counter never goes away)."""
+        for group in (DEFAULT_GROUP, *groups):
+            self.claims.labels(Lane.NORMAL.value, group)
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> WorkerMetrics:
@@ -142,7 +199,8 @@ class WorkerMetrics:
             ),
             lease_rescues=Counter(
                 "taskfleet_lease_rescues",
-                "Expired leases swept by this worker, by outcome (pending again, or failed).",
+                "Expired leases swept by this worker, by outcome (pending again, failed, or "
+                "cancelled when a cancel was requested).",
                 ["outcome"],
                 registry=r,
             ),
@@ -155,6 +213,15 @@ class WorkerMetrics:
                 "taskfleet_worker_notifications",
                 "Notifications received, by channel and whether they parsed.",
                 ["channel", "result"],
+                registry=r,
+            ),
+            pruned=_pruned_counter(r),
+            excluded_workers=Counter(
+                "taskfleet_runtime_config_excluded_workers",
+                "Workers left out of a decided runtime config change, by reason (heartbeat "
+                "expired, draining, offline): each was alive after the version was written and "
+                "stopped counting before it applied it.",
+                ["reason"],
                 registry=r,
             ),
         )
@@ -175,13 +242,19 @@ class ApiMetrics:
     config_applied_workers: Gauge
     submitted: Counter
 
+    def initialise(self) -> None:
+        """Every lane's submission counter at zero."""
+        for lane in Lane:
+            self.submitted.labels(lane.value)
+
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ApiMetrics:
         r = registry
-        return cls(
+        metrics = cls(
             queue_depth=Gauge(
                 "taskfleet_queue_depth",
-                "Pending tasks by lane and normal-lane group (from Postgres at scrape time).",
+                "Pending tasks by lane and normal-lane group (from Postgres; exact up to 1,000, "
+                "the planner's estimate past it).",
                 ["lane", "group"],
                 registry=r,
             ),
@@ -244,8 +317,25 @@ class ApiMetrics:
             ),
             submitted=Counter(
                 "taskfleet_tasks_submitted",
-                "Tasks accepted over the API, by lane (deduplicated submissions excluded).",
+                "Tasks the API inserted, by lane, runtime config updates (control) included "
+                "(deduplicated submissions excluded).",
                 ["lane"],
                 registry=r,
             ),
         )
+        metrics.initialise()
+        return metrics
+
+
+def _pruned_counter(registry: CollectorRegistry) -> Counter:
+    counter = Counter(
+        "taskfleet_pruned",
+        "Rows deleted by retention, by status: completed, failed, cancelled (finished tasks), "
+        "worker (offline worker rows), runtime_config (old config versions).",
+        ["status"],
+        registry=registry,
+    )
+    # Every series from the start: a dashboard's rate() has a zero to start from.
+    for kind in PRUNED_KINDS:
+        counter.labels(status=kind)
+    return counter

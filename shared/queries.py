@@ -19,6 +19,8 @@ from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_
 SWEEP_LOCK_KEY = 7_243_118_002
 # Advisory lock key serialising the writes of runtime-config versions.
 CONFIG_WRITE_LOCK_KEY = 7_243_118_003
+# Transaction-level advisory lock key of the pruner: one pruning statement in the fleet at a time.
+PRUNE_LOCK_KEY = 7_243_118_004
 
 TASK_READY_CHANNEL = "taskfleet_task_ready"
 
@@ -79,6 +81,12 @@ _ALIVE = (
     "(w.status = 'online'"
     " AND w.last_heartbeat > now() - 3 * w.heartbeat_interval * interval '1 second')"
 )
+
+# A worker row the pruner may delete: silent for longer than :workers_keep seconds and not
+# alive (an offline row, or one whose process stopped heartbeating without saying so).
+_WORKER_PRUNABLE = f"""(
+    w.last_heartbeat < now() - make_interval(secs => CAST(:workers_keep AS float8))
+    AND NOT {_ALIVE})"""
 
 # The grouping in force: the latest configured label set (one row; task_groupings always has
 # version 0, the empty set).
@@ -305,56 +313,117 @@ _GROUP_OF_TASK = """CASE WHEN t.priority = 0 THEN
                     CASE WHEN t.group_key = '' THEN 'default' ELSE t.group_key END
                END"""
 
-task_queue_stats = _query(
-    "task_queue_stats",
+# --------------------------------------------------------------------------------------------
+# Tasks: the API's queue gauges (/metrics). Each statement reads a bounded number of index
+# entries or rows, however deep the backlog (docs/operations.md#metrics-at-depth).
+# --------------------------------------------------------------------------------------------
+
+metrics_queue_depth = _query(
+    "metrics_queue_depth",
     f"""
-    -- Pending depth and oldest ready age per lane and normal-lane group (metrics, at scrape).
-    -- A task has been ready since the later of its submission and its run_after: a run_at in
-    -- the past does not make a task submitted now look old. Paused tasks (runtime config
-    -- pausedLabels, pausedTypes, pausedLanes) count in the depth and as paused, never in the
-    -- oldest ready age: they wait by decision, which is not starvation.
-    SELECT lane, grp, count(*) AS depth, count(*) FILTER (WHERE paused) AS paused,
-           CAST(COALESCE(EXTRACT(EPOCH FROM now() - min(GREATEST(created_at, run_after))
-                                 FILTER (WHERE run_after <= now() AND NOT paused)), 0) AS float8)
-               AS oldest_ready_seconds
+    -- Pending per series (a lane, and in the normal lane a stored group key), each counted to
+    -- at most :limit entries of the lane's claim index; a series at the bound gets the
+    -- planner's estimate instead (taskfleet.pending_estimate: EXPLAIN, no row read).
+    SELECT c.lane, c.group_key, c.counted,
+           CASE WHEN c.counted >= CAST(:limit AS int)
+                THEN taskfleet.pending_estimate(c.lane, c.group_key) END AS estimate
     FROM (
-        SELECT {_LANE_OF_TASK} AS lane, {_GROUP_OF_TASK} AS grp, t.run_after, t.created_at,
+        SELECT s.lane, s.group_key,
+               CASE s.lane
+               WHEN 'control' THEN (
+                   SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                                         WHERE t.status = 'pending'
+                                           AND t.priority = {CONTROL_PRIORITY}
+                                         LIMIT CAST(:limit AS int)) AS capped)
+               WHEN 'strict' THEN (
+                   SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                                         WHERE t.status = 'pending' AND t.priority > 0
+                                           AND t.priority < {CONTROL_PRIORITY}
+                                         LIMIT CAST(:limit AS int)) AS capped)
+               ELSE (
+                   SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                                         WHERE t.status = 'pending' AND t.priority = 0
+                                           AND t.group_key = s.group_key
+                                         LIMIT CAST(:limit AS int)) AS capped)
+               END AS counted
+        FROM unnest(CAST(:lanes AS text[]), CAST(:group_keys AS text[])) AS s(lane, group_key)
+    ) AS c
+    """,
+)
+
+metrics_oldest_ready = _query(
+    "metrics_oldest_ready",
+    f"""
+    WITH
+    -- The oldest :limit pending tasks by id (the order they were submitted in), through the
+    -- (status, id DESC) index: the whole backlog while it is shorter than that.
+    sample AS (
+        SELECT t.priority, t.group_key, t.created_at, t.run_after,
+               -- Paused (runtime config pausedLabels, pausedTypes, pausedLanes): waiting by
+               -- decision, which is not starvation.
                (t.priority < {CONTROL_PRIORITY} AND (
                     t.labels && CAST(:paused_labels AS text[])
                     OR t.type = ANY(CAST(:paused_types AS text[]))
                     OR ({_LANE_OF_TASK}) = ANY(CAST(:paused_lanes AS text[])))) AS paused
         FROM taskfleet.tasks t
         WHERE t.status = 'pending'
-    ) pending
-    GROUP BY lane, grp
+        ORDER BY t.id
+        LIMIT CAST(:limit AS int)
+    )
+    -- Per lane and group: the longest a due task that is not paused has waited, counted from
+    -- the later of its submission and its run_after (a run_at in the past does not make a new
+    -- task look old); and the paused tasks among the sample.
+    SELECT {_LANE_OF_TASK} AS lane,
+           CASE WHEN t.priority = 0 THEN t.group_key ELSE '' END AS group_key,
+           CAST(EXTRACT(EPOCH FROM now() - min(GREATEST(t.created_at, t.run_after))
+                                           FILTER (WHERE t.run_after <= now()
+                                                   AND NOT t.paused)) AS float8)
+               AS oldest_ready_seconds,
+           count(*) FILTER (WHERE t.paused) AS paused
+    FROM sample t
+    GROUP BY 1, 2
     """,
 )
 
-task_unrunnable_counts = _query(
-    "task_unrunnable_counts",
+metrics_unrunnable = _query(
+    "metrics_unrunnable",
     f"""
-    -- Pending tasks no alive worker can run, by reason (metrics, at scrape). unknown_type: no
-    -- alive worker has a handler for the type (the control task excepted: all have one).
-    WITH known AS (
+    WITH RECURSIVE
+    -- Every task type in the table, by a skip scan of the (type, id) index: one probe per
+    -- distinct type, however many rows each has.
+    types AS (
+        (SELECT t.type FROM taskfleet.tasks t ORDER BY t.type LIMIT 1)
+        UNION ALL
+        SELECT (SELECT t.type FROM taskfleet.tasks t WHERE t.type > types.type
+                ORDER BY t.type LIMIT 1)
+        FROM types WHERE types.type IS NOT NULL
+    ),
+    -- What the alive workers have handlers for (the control task excepted: all have one).
+    known AS (
         SELECT COALESCE(array_agg(DISTINCT k), ARRAY[]::text[]) AS types
         FROM taskfleet.workers w, unnest(w.task_types) AS k
         WHERE {_ALIVE}
     )
-    SELECT 'unknown_type' AS reason, count(t.id) AS tasks
-    FROM known LEFT JOIN taskfleet.tasks t
-      ON t.status = 'pending' AND t.priority < {CONTROL_PRIORITY}
-     AND NOT (t.type = ANY(known.types))
-    GROUP BY 1
+    -- Pending tasks of the types no alive worker knows, each type counted to :limit.
+    SELECT 'unknown_type' AS reason, COALESCE(sum((
+               SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
+                                     WHERE t.type = types.type AND t.status = 'pending'
+                                     LIMIT CAST(:limit AS int)) AS capped)), 0) AS tasks
+    FROM types, known
+    WHERE types.type IS NOT NULL AND types.type <> '{RUNTIME_CONFIG_TASK_TYPE}'
+      AND NOT (types.type = ANY(known.types))
     UNION ALL
-    -- missing_tags: no alive worker has every tag the task requires (TASKFLEET_WORKER_TAGS).
-    -- The tag sets of the alive fleet are few; each pending task that requires tags is checked
-    -- against them.
-    SELECT 'missing_tags', count(t.id)
-    FROM taskfleet.tasks t
-    WHERE t.status = 'pending' AND t.requires <> '{{}}'
-      AND NOT EXISTS (
-          SELECT 1 FROM (SELECT DISTINCT w.tags FROM taskfleet.workers w WHERE {_ALIVE}) AS f
-          WHERE t.requires <@ f.tags)
+    -- missing_tags: pending tasks that require tags no alive worker has all of, counted to
+    -- :limit through the index of pending tasks with requires (the alive fleet's tag sets are
+    -- few).
+    SELECT 'missing_tags', count(*)
+    FROM (SELECT 1 FROM taskfleet.tasks t
+          WHERE t.status = 'pending' AND t.requires <> '{{}}'
+            AND NOT EXISTS (
+                SELECT 1 FROM (SELECT DISTINCT w.tags FROM taskfleet.workers w
+                               WHERE {_ALIVE}) AS f
+                WHERE t.requires <@ f.tags)
+          LIMIT CAST(:limit AS int)) AS capped
     """,
 )
 
@@ -698,7 +767,7 @@ def _claim_sql(*, limited: bool) -> str:
     finished AS (
         UPDATE taskfleet.tasks t
         {_FINISH_SET}
-        RETURNING t.id
+        RETURNING t.id, t.status
     ),
 {limit_head}
     -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
@@ -826,7 +895,10 @@ def _claim_sql(*, limited: bool) -> str:
     -- Always one row at least, so the probe result and the written outcomes come back when
     -- nothing was claimed.
     SELECT waiting.strict_waiting, waiting.normal_waiting,
-           ARRAY(SELECT finished.id FROM finished) AS finished_ids,
+           ARRAY(SELECT finished.id FROM finished ORDER BY finished.id) AS finished_ids,
+           -- The status each was given (the outcome counters count what was written).
+           ARRAY(SELECT finished.status FROM finished ORDER BY finished.id)
+               AS finished_statuses,
            contended.groups AS contended_groups, waiting.strict_contended,
            CAST(limit_wait.seconds AS float8) AS limit_wait_seconds,
            NOT (SELECT limits_off.ok FROM limits_off) AS limits_active,
@@ -870,9 +942,9 @@ task_release = _query(
         WHERE t.id = r.id AND t.id = ANY(CAST(:ids AS bigint[]))
           AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
           AND t.attempts = r.attempt
-        RETURNING t.id
+        RETURNING t.id, t.status
     )
-    SELECT released.id FROM released
+    SELECT released.id, released.status FROM released
     CROSS JOIN (SELECT pg_notify('{TASK_READY_CHANNEL}', '')) AS wake
     """,
 )
@@ -890,6 +962,97 @@ task_regroup_step = _query(
 # does the bulk right after a change; this finishes what a writer that died or ran out of time
 # left).
 SWEEP_REGROUP_BATCH = 2000
+
+# --------------------------------------------------------------------------------------------
+# Retention: the pruner (services/worker/pruner.py). Each statement is one short transaction
+# that first takes the pruner's transaction-level advisory lock (a try: a busy lock means
+# another worker prunes right now); no session lock, so a transaction-mode pooler works.
+# --------------------------------------------------------------------------------------------
+
+task_prune_batch = _query(
+    "task_prune_batch",
+    """
+    WITH
+    -- One pruner in the fleet at a time; released at commit.
+    lock AS (SELECT pg_try_advisory_xact_lock(CAST(:lock_key AS bigint)) AS held),
+    -- Per pruned status, the :batch rows that finished longest ago, older than the status'
+    -- retention: a range of the (status, finished_at) index of finished tasks. Locked and
+    -- re-checked, skipping rows someone holds (a retry moving it back to pending): a task
+    -- changed meanwhile is not deleted.
+    victims AS (
+        SELECT v.id
+        FROM lock,
+             unnest(CAST(:statuses AS text[]), CAST(:keep AS float8[])) AS r(status, keep)
+        CROSS JOIN LATERAL (
+            SELECT t.id FROM taskfleet.tasks t
+            WHERE t.status = r.status AND t.finished_at IS NOT NULL
+              AND t.finished_at < now() - make_interval(secs => r.keep)
+            ORDER BY t.finished_at
+            LIMIT CAST(:batch AS int)
+            FOR UPDATE OF t SKIP LOCKED
+        ) AS v
+        WHERE lock.held
+    ),
+    deleted AS (
+        DELETE FROM taskfleet.tasks t
+        WHERE t.id = ANY(ARRAY(SELECT id FROM victims))
+          AND t.status = ANY(CAST(:statuses AS text[])) AND t.finished_at IS NOT NULL
+        RETURNING t.status
+    )
+    SELECT (SELECT held FROM lock) AS held, s.status,
+           (SELECT count(*) FROM deleted WHERE deleted.status = s.status) AS deleted
+    FROM unnest(CAST(:statuses AS text[])) AS s(status)
+    """,
+)
+
+worker_prune = _query(
+    "worker_prune",
+    f"""
+    -- Rows of workers that are offline, or stopped heartbeating, for longer than the workers'
+    -- retention (never an alive one). A task still marked running under a pruned worker's id
+    -- is rescued by the sweep as before.
+    WITH lock AS (SELECT pg_try_advisory_xact_lock(CAST(:lock_key AS bigint)) AS held),
+    deleted AS (
+        DELETE FROM taskfleet.workers w
+        USING lock
+        WHERE lock.held AND {_WORKER_PRUNABLE}
+        RETURNING w.id
+    )
+    SELECT (SELECT held FROM lock) AS held, count(*) AS deleted FROM deleted
+    """,
+)
+
+runtime_config_prune = _query(
+    "runtime_config_prune",
+    f"""
+    -- Config versions older than the newest :kept, at most :batch per statement, except any
+    -- version a worker row still reports as applied, and any an unfinished update task (a
+    -- request someone may still follow) wrote. The newest versions are never touched: workers
+    -- read only the latest.
+    WITH lock AS (SELECT pg_try_advisory_xact_lock(CAST(:lock_key AS bigint)) AS held),
+    victims AS (
+        SELECT c.version FROM taskfleet.worker_runtime_configs c, lock
+        WHERE lock.held
+          AND c.version <= (SELECT max(l.version) FROM taskfleet.worker_runtime_configs l)
+                           - CAST(:kept AS bigint)
+          AND NOT EXISTS (SELECT 1 FROM taskfleet.workers w
+                          WHERE w.applied_config_version = c.version)
+          AND NOT EXISTS (SELECT 1 FROM taskfleet.tasks t
+                          WHERE t.type = '{RUNTIME_CONFIG_TASK_TYPE}'
+                            AND (t.payload ->> 'requestID') = c.request_id
+                            AND t.status IN ('pending', 'running'))
+        ORDER BY c.version
+        LIMIT CAST(:batch AS int)
+        FOR UPDATE OF c SKIP LOCKED
+    ),
+    deleted AS (
+        DELETE FROM taskfleet.worker_runtime_configs c
+        WHERE c.version = ANY(ARRAY(SELECT version FROM victims))
+        RETURNING c.version
+    )
+    SELECT (SELECT held FROM lock) AS held, count(*) AS deleted FROM deleted
+    """,
+)
 
 # --------------------------------------------------------------------------------------------
 # Workers
@@ -950,35 +1113,40 @@ worker_tick = _query(
           AND w.pid = CAST(:pid AS int)
         RETURNING w.id
     ),
-    -- ... and the leases of all the tasks it holds, in the same statement. Only those it
-    -- names: a row left running under this id by an earlier process (a crash, a lost claim
-    -- reply) must expire and be rescued, not be kept alive forever.
-    -- Fenced by attempt; a row locked by someone else right now (a finish of ours in flight,
-    -- a cancel) is skipped, not waited for: the heartbeat never queues behind a row lock.
+    -- The tasks it holds, fenced by attempt: their cancel flags. Read, never written: a
+    -- running task's lease is its worker's heartbeat (the row above), so a heartbeat writes no
+    -- task row at all, however many tasks run.
     held AS (
-        SELECT t.id FROM taskfleet.tasks t
+        SELECT t.id, t.cancel_requested
+        FROM taskfleet.tasks t
         JOIN unnest(CAST(:held AS bigint[]), CAST(:held_attempts AS int[])) AS h(id, attempt)
           ON t.id = h.id AND t.attempts = h.attempt
         WHERE t.status = 'running' AND t.worker_id = CAST(:worker_id AS text)
           AND t.id = ANY(CAST(:held AS bigint[]))
-        FOR UPDATE OF t SKIP LOCKED
-    ),
-    leases AS (
-        UPDATE taskfleet.tasks t
-        SET lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
-        FROM held
-        WHERE t.id = held.id
-        RETURNING t.id, t.cancel_requested
     ),
     -- The sweep, when due, by one worker at a time (try-lock: a busy lock means someone sweeps).
     sweep_lock AS (
         SELECT CAST(:sweep AS boolean)
                AND pg_try_advisory_xact_lock(CAST(:sweep_lock_key AS bigint)) AS held
     ),
+    -- Expired: past the lease the claim gave it (claimed more than a lease ago), and no live
+    -- process vouches for it: its worker stopped heartbeating a lease ago (or its row is gone),
+    -- or it is this worker's own row that this process does not hold (left by an earlier
+    -- process under the same id, or a claim whose reply was lost). A live worker's tasks never
+    -- expire, however long they run; a killed worker's expire a lease after its last beat.
+    -- The running rows are few (no more than the fleet's slots): read through
+    -- tasks_running_worker_idx.
     expired AS (
-        SELECT t.id FROM taskfleet.tasks t, sweep_lock
+        SELECT t.id
+        FROM taskfleet.tasks t
+        CROSS JOIN sweep_lock
+        LEFT JOIN taskfleet.workers w ON w.id = t.worker_id
         WHERE sweep_lock.held AND t.status = 'running' AND t.lease_expires_at < now()
-          AND NOT (t.worker_id = CAST(:worker_id AS text) AND t.id = ANY(CAST(:held AS bigint[])))
+          AND NOT EXISTS (SELECT 1 FROM held WHERE held.id = t.id)  -- at the attempt it runs
+          AND (t.worker_id = CAST(:worker_id AS text)
+               OR w.id IS NULL
+               OR w.last_heartbeat
+                  < now() - make_interval(secs => CAST(:lease_ttl AS float8)))
         FOR UPDATE OF t SKIP LOCKED
     ),
     -- Expired leases: back to pending (the attempt stays counted), or failed when exhausted,
@@ -1002,6 +1170,27 @@ worker_tick = _query(
         WHERE t.id = expired.id
         RETURNING t.id, t.status
     ),
+    -- Is anything due for pruning (retention)? Asked only by the sweeping worker: an index probe
+    -- of the (status, finished_at) index per pruned status, the workers table (a few rows per
+    -- process start), and the config versions' span (two primary-key probes). The pruning
+    -- itself runs in bounded batches of its own (task_prune_batch), never in the heartbeat.
+    prune_due AS (
+        SELECT 1 AS due FROM sweep_lock
+        WHERE sweep_lock.held AND (
+            EXISTS (
+                SELECT 1
+                FROM unnest(CAST(:prune_statuses AS text[]), CAST(:prune_keep AS float8[]))
+                     AS r(status, keep)
+                WHERE EXISTS (
+                    SELECT 1 FROM taskfleet.tasks t
+                    WHERE t.status = r.status AND t.finished_at IS NOT NULL
+                      AND t.finished_at < now() - make_interval(secs => r.keep)))
+            OR EXISTS (
+                SELECT 1 FROM taskfleet.workers w
+                WHERE CAST(:workers_keep AS float8) IS NOT NULL AND {_WORKER_PRUNABLE})
+            OR (SELECT max(c.version) - min(c.version) FROM taskfleet.worker_runtime_configs c)
+               >= CAST(:configs_kept AS bigint))
+    ),
     -- The re-grouping safety net rides on the sweep: one bounded step, when a change of the
     -- configured labels is not settled yet (a settled one costs one index probe).
     regroup AS (
@@ -1009,8 +1198,8 @@ worker_tick = _query(
         FROM (SELECT 1 FROM sweep_lock WHERE sweep_lock.held) AS due
         CROSS JOIN LATERAL taskfleet.task_regroup_step({SWEEP_REGROUP_BATCH}) AS s
     )
-    SELECT 'cancel' AS kind, leases.id AS id, NULL AS status FROM leases
-        WHERE leases.cancel_requested
+    SELECT 'cancel' AS kind, held.id AS id, NULL AS status FROM held
+        WHERE held.cancel_requested
     UNION ALL SELECT 'rescued', rescued.id, rescued.status FROM rescued
     UNION ALL SELECT 'config', (SELECT COALESCE(max(version), 0)
                                 FROM taskfleet.worker_runtime_configs), NULL
@@ -1023,6 +1212,7 @@ worker_tick = _query(
     UNION ALL SELECT 'wake', NULL, pg_notify('taskfleet_task_ready', '')::text
         FROM (SELECT 1 FROM rescued WHERE rescued.status = 'pending' LIMIT 1) AS any_rescued
     UNION ALL SELECT 'regroup', regroup.moved, regroup.state FROM regroup
+    UNION ALL SELECT 'prune_due', NULL, NULL FROM prune_due
     -- The schema's revision: a worker claims nothing on a schema it was not written for.
     UNION ALL SELECT 'schema', NULL,
         (SELECT string_agg(v.version_num, ',' ORDER BY v.version_num)
@@ -1124,19 +1314,39 @@ runtime_config_insert = _query(
 runtime_config_convergence = _query(
     "runtime_config_convergence",
     f"""
-    -- Decided by the database, not by ACKs: the alive workers and the version each applied.
+    -- Decided by the database, not by ACKs: the alive workers and the version each applied;
+    -- and the workers left out (alive after the version was written, not alive now, and
+    -- behind it), with their status for the reason (policy/convergence.py).
+    WITH target AS (
+        SELECT c.created_at FROM taskfleet.worker_runtime_configs c
+        WHERE c.version = CAST(:version AS bigint)
+    ),
+    -- Alive, or possibly left out: no other worker row matters.
+    fleet AS (
+        SELECT w.id, w.status, w.applied_config_version < CAST(:version AS bigint) AS behind,
+               {_ALIVE} AS alive,
+               w.last_heartbeat + 3 * w.heartbeat_interval * interval '1 second' AS expires_at
+        FROM taskfleet.workers w
+        WHERE {_ALIVE}
+           OR (w.applied_config_version < CAST(:version AS bigint)
+               AND w.last_heartbeat + 3 * w.heartbeat_interval * interval '1 second'
+                   > (SELECT created_at FROM target))
+    )
     SELECT (SELECT COALESCE(max(version), 0) FROM taskfleet.worker_runtime_configs) AS latest,
-           count(w.id) AS alive_workers,
-           count(w.id) FILTER (WHERE w.applied_config_version >= CAST(:version AS bigint))
-               AS applied_workers,
-           COALESCE(array_agg(w.id ORDER BY w.id)
-                    FILTER (WHERE w.applied_config_version < CAST(:version AS bigint)),
+           count(*) FILTER (WHERE f.alive) AS alive_workers,
+           count(*) FILTER (WHERE f.alive AND NOT f.behind) AS applied_workers,
+           COALESCE(array_agg(f.id ORDER BY f.id) FILTER (WHERE f.alive AND f.behind),
                     ARRAY[]::text[]) AS lagging,
-           CAST(EXTRACT(EPOCH FROM now() - (
-               SELECT c.created_at FROM taskfleet.worker_runtime_configs c
-               WHERE c.version = CAST(:version AS bigint))) AS float8) AS seconds_since_insert
-    FROM taskfleet.workers w
-    WHERE {_ALIVE}
+           -- When the first lagging worker stops counting as alive, unless it applies first.
+           CAST(EXTRACT(EPOCH FROM min(f.expires_at) FILTER (WHERE f.alive AND f.behind)
+                                   - now()) AS float8) AS lagging_expire_in,
+           COALESCE(array_agg(f.id ORDER BY f.id) FILTER (WHERE NOT f.alive),
+                    ARRAY[]::text[]) AS excluded,
+           COALESCE(array_agg(f.status ORDER BY f.id) FILTER (WHERE NOT f.alive),
+                    ARRAY[]::text[]) AS excluded_statuses,
+           CAST(EXTRACT(EPOCH FROM now() - (SELECT created_at FROM target)) AS float8)
+               AS seconds_since_insert
+    FROM fleet f
     """,
 )
 
@@ -1181,6 +1391,25 @@ server_connection_limit = _query(
     FROM pg_roles r WHERE r.rolname = current_user
     """,
 )
+
+
+def transaction_begin(settings: Mapping[str, str]) -> str:
+    """``BEGIN`` and ``SET LOCAL`` of each setting, in one simple-protocol round trip: how a
+    connection through a transaction-mode pooler gets settings that last exactly one
+    transaction (a session ``SET`` would stay on a server connection other clients get next).
+    Utility statements take no parameters, hence literals, quoted; the names and values come
+    from :func:`taskfleet.shared.db.session_settings`, never from input."""
+    parts = ["BEGIN"]
+    for name, value in settings.items():
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"not a setting name: {name!r}")
+        quoted = value.replace("'", "''")
+        parts.append(f"SET LOCAL {name} = '{quoted}'")
+    return "; ".join(parts)
+
+
+TRANSACTION_COMMIT = "COMMIT"
+TRANSACTION_ROLLBACK = "ROLLBACK"
 
 
 def server_max_connections_set(max_connections: int) -> str:

@@ -118,13 +118,14 @@ tasks = Table(
         "id",
         postgresql_where=text("status = 'pending' AND priority = 0 AND labels <> '{}'"),
     ),
-    # Lease sweep and heartbeat.
-    Index(
-        "tasks_running_lease_idx",
-        "lease_expires_at",
-        postgresql_where=text("status = 'running'"),
-    ),
+    # The running rows (lease sweep, heartbeat, a worker's tasks).
     Index("tasks_running_worker_idx", "worker_id", postgresql_where=text("status = 'running'")),
+    # The pending tasks that require worker tags (the missing_tags metric reads only these).
+    Index(
+        "tasks_pending_requires_idx",
+        "id",
+        postgresql_where=text("status = 'pending' AND requires <> '{}'"),
+    ),
     # unique_key is unique while the task is not finished.
     Index(
         "tasks_unique_key_idx",

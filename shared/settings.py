@@ -4,13 +4,24 @@
 from __future__ import annotations
 
 import socket
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from taskfleet.shared.db import DatabaseURL
 from taskfleet.shared.logs import LOG_LEVELS, LogFormat
+from taskfleet.shared.policy.retention import RetentionPolicy, parse_retention
+
+#: Seconds to keep a kind of row, or None (``never``); read from ``2s``, ``15m``, ``24h``, ``7d``.
+Retention = Annotated[float | None, BeforeValidator(parse_retention)]
 
 
 def _split_csv(value: Any) -> Any:
@@ -56,6 +67,13 @@ class CommonSettings(LoggingSettings):
         description="Optional URL for LISTEN connections (PgBouncer in transaction mode in front "
         "of DATABASE_URL cannot LISTEN). Defaults to DATABASE_URL.",
     )
+    database_pooler: Literal["none", "transaction"] = Field(
+        default="none",
+        description="none (default): DATABASE_URL is Postgres itself (or a session-mode pool). "
+        "transaction: DATABASE_URL is a transaction-mode pooler such as PgBouncer; no session "
+        "state is kept between transactions (no startup parameters, no cached prepared "
+        "statements, settings by SET LOCAL). A worker then requires TASKFLEET_LISTEN_DATABASE_URL.",
+    )
     task_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated importable modules whose handlers are registered, besides "
@@ -70,6 +88,11 @@ class CommonSettings(LoggingSettings):
     @property
     def listen_url(self) -> DatabaseURL:
         return self.listen_database_url or self.database_url
+
+    @property
+    def pooled(self) -> bool:
+        """DATABASE_URL is a transaction-mode pooler: keep no session state on it."""
+        return self.database_pooler == "transaction"
 
 
 class WorkerSettings(CommonSettings):
@@ -116,6 +139,39 @@ class WorkerSettings(CommonSettings):
     )
     retry_base: float = Field(default=1.0, gt=0, description="Retry backoff base (default 1 s).")
     retry_cap: float = Field(default=300.0, gt=0, description="Retry backoff cap (default 300 s).")
+    retention_completed: Retention = Field(
+        default="24h",
+        validate_default=True,
+        description="How long a completed task is kept after it finished, then deleted (default "
+        "24h): a duration such as 2s, 15m, 24h or 7d, or never.",
+    )
+    retention_cancelled: Retention = Field(
+        default="24h",
+        validate_default=True,
+        description="How long a cancelled task is kept after it finished (default 24h), or never.",
+    )
+    retention_failed: Retention = Field(
+        default="7d",
+        validate_default=True,
+        description="How long a failed task is kept after it finished (default 7d), or never.",
+    )
+    retention_workers: Retention = Field(
+        default="24h",
+        validate_default=True,
+        description="How long the row of a worker that is offline (or stopped heartbeating) is "
+        "kept after its last heartbeat (default 24h), or never.",
+    )
+
+    @model_validator(mode="after")
+    def _pooler_has_a_listen_url(self) -> WorkerSettings:
+        if self.database_pooler == "transaction" and self.listen_database_url is None:
+            raise ValueError(
+                "TASKFLEET_DATABASE_POOLER=transaction needs TASKFLEET_LISTEN_DATABASE_URL for "
+                "a worker: a transaction-mode pooler hands each transaction to any server "
+                "connection, so LISTEN through it would lose its notifications; point "
+                "TASKFLEET_LISTEN_DATABASE_URL at Postgres itself (or a session-mode pool)"
+            )
+        return self
 
     @field_validator("worker_tags", mode="before")
     @classmethod
@@ -147,6 +203,15 @@ class WorkerSettings(CommonSettings):
             )
         return self
 
+    @property
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(
+            completed=self.retention_completed,
+            cancelled=self.retention_cancelled,
+            failed=self.retention_failed,
+            workers=self.retention_workers,
+        )
+
     def resolved_worker_id(self) -> str:
         if self.worker_id:
             return self.worker_id
@@ -172,6 +237,13 @@ class ApiSettings(CommonSettings):
         ge=1,
         le=200,
         description="Most database connections one API process holds (default 10).",
+    )
+
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted, in bytes (default 16 MiB = 16777216): a "
+        "larger one is refused with 413 while it is read, before it is parsed.",
     )
 
     @model_validator(mode="after")

@@ -17,6 +17,7 @@ __all__ = [
     "ConfigEvent",
     "Converged",
     "Enqueued",
+    "ExcludedWorker",
     "Failed",
     "FinalEvent",
     "FleetProgress",
@@ -25,6 +26,16 @@ __all__ = [
     "VersionWritten",
     "parse_config_event",
 ]
+
+
+@dataclass(frozen=True)
+class ExcludedWorker:
+    """A worker left out of the change: alive after the version was written, no longer alive
+    (``reason``: ``heartbeat expired``, ``draining`` or ``offline``), and it had not applied it.
+    It applies the version when it comes back."""
+
+    id: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -50,14 +61,17 @@ class FleetProgress:
     alive_workers: int
     applied_workers: int
     lagging: tuple[str, ...]
+    excluded: tuple[ExcludedWorker, ...] = ()
 
 
 @dataclass(frozen=True)
 class Converged:
-    """Final: every alive worker applied the version (``seconds`` after it was written)."""
+    """Final: every alive worker applied the version (``seconds`` after it was written);
+    ``excluded`` names the workers left out."""
 
     version: int | None
     seconds: float | None
+    excluded: tuple[ExcludedWorker, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,7 @@ class TimedOut:
 
     version: int | None
     lagging: tuple[str, ...]
+    excluded: tuple[ExcludedWorker, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,17 @@ def _worker_ids(value: object) -> tuple[str, ...] | None:
     return tuple(str(item) for item in value)
 
 
+def _excluded(value: object) -> tuple[ExcludedWorker, ...]:
+    """The ``excluded`` list, leniently: entries that are not ``{id, reason}`` are skipped."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        ExcludedWorker(str(item["id"]), str(item.get("reason", "")))
+        for item in value
+        if isinstance(item, dict) and "id" in item
+    )
+
+
 def parse_config_event(line: str) -> ConfigEvent | None:
     """Parse one NDJSON line; ``None`` for a blank (keep-alive) line. Never raises.
 
@@ -143,13 +169,14 @@ def parse_config_event(line: str) -> ConfigEvent | None:
         lagging = _worker_ids(doc.get("lagging", []))
         if alive is None or applied is None or lagging is None:
             return BadLine(text, "progress event without integer counts and a lagging list")
-        return FleetProgress(version, alive, applied, lagging)
+        return FleetProgress(version, alive, applied, lagging, _excluded(doc.get("excluded")))
     if kind == "converged":
-        return Converged(version, _seconds(doc.get("seconds")))
+        return Converged(version, _seconds(doc.get("seconds")), _excluded(doc.get("excluded")))
     if kind == "superseded":
         return Superseded(version, _int(doc.get("superseded_by")))
     if kind == "timeout":
-        return TimedOut(version, _worker_ids(doc.get("lagging")) or ())
+        lagging = _worker_ids(doc.get("lagging")) or ()
+        return TimedOut(version, lagging, _excluded(doc.get("excluded")))
     if kind == "failed":
         error = doc.get("error")
         return Failed(error if isinstance(error, str) and error else "no reason given")

@@ -19,6 +19,9 @@ the same statement; a broken rule raises the exception the API's answer would
 writes nothing. The payload is validated against the handler's model when the handler is
 registered in this process (its module imported); a type with no handler here is stored as
 given, and a worker that has no handler for it fails it.
+
+Nothing here counts in ``taskfleet_tasks_submitted_total`` (the API's counter): whether the
+task exists is decided by the caller's commit, which no taskfleet process sees.
 """
 
 from __future__ import annotations

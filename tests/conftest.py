@@ -6,6 +6,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.pg import TestDatabases
+from tests.pgbouncer import PgBouncer
+from tests.pgbouncer import start as start_pgbouncer
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +44,16 @@ def database_url(test_databases: TestDatabases) -> Iterator[str]:
     url = test_databases.create()
     yield url
     test_databases.drop(url)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server_url: str) -> Iterator[PgBouncer]:
+    """A real PgBouncer in transaction mode in front of the test server (tests/pgbouncer.py)."""
+    try:
+        bouncer = start_pgbouncer(pg_server_url)
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()

@@ -167,6 +167,8 @@ def _type_name(name: str, annotation: Any, metadata: list[Any]) -> str:
         annotation = typing.get_args(annotation)[0]
     if name.endswith("_url"):
         return "Postgres URL"
+    if name.startswith("retention_"):
+        return "duration (2s, 15m, 24h, 7d) or never"
     if annotation is SecretStr:
         return "secret string"
     if typing.get_origin(annotation) is list:

@@ -1,7 +1,7 @@
 """Scheduling controls: routing by worker tags and fleet-wide label limits.
 
 Revision ID: 0010_controls
-Revises: 0007_tasks_finished_index
+Revises: 0008_retention
 Create Date: 2026-12-03
 
 - ``tasks.requires``: the tags a worker must all have to claim the task ('{}': any worker).
@@ -20,6 +20,8 @@ Create Date: 2026-12-03
   the limit row, so finishes never queue behind claims; the next claim that holds the row folds
   the releases into its count.
 - ``taskfleet.enqueue(...)`` takes ``requires`` too (a new last argument, default none).
+- ``tasks_pending_requires_idx``: the pending tasks that require tags, so the metric of those no
+  alive worker can take reads only them.
 """
 
 from collections.abc import Sequence
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0010_controls"
-down_revision: str | None = "0007_tasks_finished_index"
+down_revision: str | None = "0008_retention"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -275,6 +277,10 @@ def upgrade() -> None:
     op.execute("ALTER TABLE taskfleet.tasks ADD COLUMN limit_labels text[] NOT NULL DEFAULT '{}'")
     op.execute("ALTER TABLE taskfleet.workers ADD COLUMN tags text[] NOT NULL DEFAULT '{}'")
     op.execute(
+        "CREATE INDEX tasks_pending_requires_idx ON taskfleet.tasks (id) "
+        "WHERE status = 'pending' AND requires <> '{}'"
+    )
+    op.execute(
         """
         CREATE TABLE taskfleet.label_limits (
             label           text             PRIMARY KEY,
@@ -333,6 +339,7 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION taskfleet.label_limits_follow_config()")
     op.execute("DROP TABLE taskfleet.label_limit_releases")
     op.execute("DROP TABLE taskfleet.label_limits")
+    op.execute("DROP INDEX taskfleet.tasks_pending_requires_idx")
     op.execute("ALTER TABLE taskfleet.workers DROP COLUMN tags")
     op.execute("ALTER TABLE taskfleet.tasks DROP COLUMN limit_labels")
     op.execute("ALTER TABLE taskfleet.tasks DROP COLUMN requires")

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from taskfleet import __version__
 from taskfleet.api import bulk, console, health, stats, tasks, workers
 from taskfleet.api.auth import Authenticator
+from taskfleet.api.body_limit import BodyLimit
 from taskfleet.api.database import Database
 from taskfleet.api.deps import ApiState
 from taskfleet.api.errors import install_error_handlers
@@ -53,7 +54,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        state.database = Database.create(settings.database_url, pool_size=settings.db_pool_size)
+        state.database = Database.create(
+            settings.database_url, pool_size=settings.db_pool_size, pooled=settings.pooled
+        )
         state.shutdown.bind()
         try:
             yield
@@ -73,6 +76,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     )
     app.state.api = state
     install_error_handlers(app)
+    # Before the metrics' middleware, so inside it: a refused body is counted as the 413 it is.
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
     install_metrics(app, state)
     app.include_router(health.router)
     app.include_router(tasks.batch_router)

@@ -2,9 +2,12 @@
 (docs/reference.md#config-events).
 
 The stream reports what the database says: the version once the update task has written it, the
-alive workers' applied versions as they move, and one final outcome. The API never talks to the
-workers and keeps no state between polls, so any replica can serve a stream, and a client that
-lost one re-attaches with ``GET /runtime-config/requests/{request_id}?watch=true``.
+alive workers' applied versions as they move (and the workers left out), and one final outcome:
+the update task's decision, read from its result, so that the stream, the request document, the
+task and the worker's convergence histogram report one answer
+(``shared/policy/convergence.py``). The API never talks to the workers and keeps no state between
+polls, so any replica can serve a stream, and a client that lost one re-attaches with
+``GET /runtime-config/requests/{request_id}?watch=true``.
 
 Each poll borrows one pooled connection for a few short statements and gives it back; an open
 stream holds no connection while it waits.
@@ -30,10 +33,12 @@ from taskfleet.shared import queries
 from taskfleet.shared.policy.convergence import (
     NO_ALIVE_WORKER,
     Converged,
+    Excluded,
     FleetView,
     Superseded,
     TimedOut,
     decide,
+    view_from_row,
 )
 
 log = logging.getLogger("taskfleet.api.runtime_config")
@@ -43,6 +48,9 @@ log = logging.getLogger("taskfleet.api.runtime_config")
 POLL_MIN_SECONDS = 0.02
 POLL_MAX_SECONDS = 0.2
 POLL_GROWTH = 1.5
+#: How long after the database shows a change's outcome the stream keeps polling quickly for
+#: the update task's result (it normally comes within milliseconds).
+OUTCOME_IMMINENT_SECONDS = 2.0
 #: A progress event goes out at least this often, changed or not, so that clients and proxies
 #: can tell a quiet stream from a dead one.
 PROGRESS_HEARTBEAT_SECONDS = 15.0
@@ -69,6 +77,21 @@ class Snapshot:
     applied_workers: int
     lagging: tuple[str, ...]
     seconds_since_insert: float | None
+    #: Workers left out: alive after the version was written, not any more, behind it.
+    excluded: tuple[Excluded, ...] = ()
+
+    def view(self) -> FleetView | None:
+        if self.version is None or self.latest is None:
+            return None
+        return FleetView(
+            version=self.version,
+            latest=self.latest,
+            alive_workers=self.alive_workers,
+            applied_workers=self.applied_workers,
+            lagging=self.lagging,
+            seconds_since_insert=self.seconds_since_insert,
+            excluded=self.excluded,
+        )
 
 
 async def read_snapshot(database: Database, request_id: str, version: int | None) -> Snapshot:
@@ -94,16 +117,21 @@ async def read_snapshot(database: Database, request_id: str, version: int | None
             )
         state = await fetch_one(conn, queries.runtime_config_convergence, version=version)
     assert state is not None  # an aggregate always returns its one row
-    since = state["seconds_since_insert"]
+    view = view_from_row(version, state)
     return Snapshot(
         task=task,
         version=version,
-        latest=int(state["latest"]),
-        alive_workers=int(state["alive_workers"]),
-        applied_workers=int(state["applied_workers"]),
-        lagging=tuple(str(w) for w in state["lagging"]),
-        seconds_since_insert=float(since) if since is not None else None,
+        latest=view.latest,
+        alive_workers=view.alive_workers,
+        applied_workers=view.applied_workers,
+        lagging=tuple(view.lagging),
+        seconds_since_insert=view.seconds_since_insert,
+        excluded=tuple(view.excluded),
     )
+
+
+def excluded_json(excluded: tuple[Excluded, ...]) -> list[dict[str, str]]:
+    return [e.to_json() for e in excluded]
 
 
 def progress_event(snapshot: Snapshot) -> Event:
@@ -113,7 +141,20 @@ def progress_event(snapshot: Snapshot) -> Event:
         "alive_workers": snapshot.alive_workers,
         "applied_workers": snapshot.applied_workers,
         "lagging": list(snapshot.lagging),
+        "excluded": excluded_json(snapshot.excluded),
     }
+
+
+def _excluded_of(result: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The ``excluded`` list a task result stored (an older task stored none)."""
+    stored = result.get("excluded")
+    if not isinstance(stored, list):
+        return []
+    return [
+        {"id": str(e["id"]), "reason": str(e["reason"])}
+        for e in stored
+        if isinstance(e, Mapping) and "id" in e and "reason" in e
+    ]
 
 
 def _int_or(value: object, default: int | None) -> int | None:
@@ -121,10 +162,11 @@ def _int_or(value: object, default: int | None) -> int | None:
 
 
 def final_event(snapshot: Snapshot) -> Event | None:
-    """The request's outcome, when it has one.
-
-    The update task's result decides when the task has finished; while it runs, the database
-    may decide already, by the worker's own rule (``shared/policy/convergence.py``).
+    """The request's outcome, when it has one: the update task's result, once the task has
+    finished. While the task is unfinished there is none yet, even when the database already
+    shows convergence: the task decides, at once, and its answer (its time, who it left out) is
+    the one every report gives. The API decides by the same rule
+    (``shared/policy/convergence.py``) only for a version no update task follows any more.
     """
     task = snapshot.task
     if task is not None:
@@ -137,7 +179,12 @@ def final_event(snapshot: Snapshot) -> Event | None:
                 seconds = result.get("seconds")
                 if not isinstance(seconds, int | float) or isinstance(seconds, bool):
                     seconds = snapshot.seconds_since_insert
-                return {"event": "converged", "version": version, "seconds": seconds}
+                return {
+                    "event": "converged",
+                    "version": version,
+                    "seconds": seconds,
+                    "excluded": _excluded_of(result),
+                }
             if outcome == "superseded":
                 return {
                     "event": "superseded",
@@ -152,6 +199,7 @@ def final_event(snapshot: Snapshot) -> Event | None:
                     "version": version,
                     "lagging": list(lagging) if isinstance(lagging, list) else [],
                     "alive_workers": _int_or(result.get("alive_workers"), None),
+                    "excluded": _excluded_of(result),
                 }
                 if isinstance(result.get("reason"), str):
                     event["reason"] = result["reason"]
@@ -170,19 +218,15 @@ def final_event(snapshot: Snapshot) -> Event | None:
                 "error": f"update task {task['id']} was cancelled before it wrote a version: "
                 "nothing changed",
             }
+        if task_status != "cancelled":
+            # Pending or running: the update task decides, and says so in its result.
+            return None
         # Cancelled after writing its version: the version is out there, and the fleet decides
-        # what became of it, as for a running task.
-    if snapshot.version is None or snapshot.latest is None:
+        # what became of it, by the same rule.
+    view = snapshot.view()
+    if view is None:
         return None
-    decision = decide(
-        FleetView(
-            version=snapshot.version,
-            latest=snapshot.latest,
-            alive_workers=snapshot.alive_workers,
-            lagging=snapshot.lagging,
-            seconds_since_insert=snapshot.seconds_since_insert,
-        )
-    )
+    decision = decide(view)
     if isinstance(decision, Superseded):
         return {
             "event": "superseded",
@@ -190,30 +234,28 @@ def final_event(snapshot: Snapshot) -> Event | None:
             "superseded_by": decision.superseded_by,
         }
     if isinstance(decision, Converged):
-        return {"event": "converged", "version": decision.version, "seconds": decision.seconds}
+        return {
+            "event": "converged",
+            "version": decision.version,
+            "seconds": decision.seconds,
+            "excluded": excluded_json(decision.excluded),
+        }
     return None
 
 
 def timeout_event(snapshot: Snapshot | None, version: int | None) -> Event:
     """The stream's own deadline (``?timeout=``) passed before an outcome; the config task goes
     on. Says so when no worker is alive (nothing can converge then)."""
-    if snapshot is not None and snapshot.version is not None and snapshot.latest is not None:
-        decision = decide(
-            FleetView(
-                version=snapshot.version,
-                latest=snapshot.latest,
-                alive_workers=snapshot.alive_workers,
-                lagging=snapshot.lagging,
-                seconds_since_insert=snapshot.seconds_since_insert,
-            ),
-            deadline_passed=True,
-        )
+    view = snapshot.view() if snapshot is not None else None
+    if view is not None:
+        decision = decide(view, deadline_passed=True)
         if isinstance(decision, TimedOut):
             event: Event = {
                 "event": "timeout",
                 "version": decision.version,
                 "lagging": list(decision.lagging),
                 "alive_workers": decision.alive_workers,
+                "excluded": excluded_json(decision.excluded),
             }
             if decision.reason is not None:
                 event["reason"] = decision.reason
@@ -224,6 +266,7 @@ def timeout_event(snapshot: Snapshot | None, version: int | None) -> Event:
         "version": version,
         "lagging": list(snapshot.lagging) if snapshot is not None else [],
         "alive_workers": alive,
+        "excluded": excluded_json(snapshot.excluded) if snapshot is not None else [],
     }
     if alive == 0:
         event["reason"] = NO_ALIVE_WORKER
@@ -262,6 +305,8 @@ async def watch_request(
     last_progress: Event | None = None
     last_progress_at = loop.time()
     interval = POLL_MIN_SECONDS
+    #: When the database first showed the outcome the update task has not written yet.
+    decided_at: float | None = None
     while True:
         changed = False
         try:
@@ -290,6 +335,15 @@ async def watch_request(
             if final is not None:
                 yield final
                 return
+            view = snapshot.view()
+            if view is None or decide(view) is None:
+                decided_at = None
+            else:
+                # The database shows the outcome; the update task is about to write it: look
+                # again soon rather than after the backed-off interval (for a while: a task
+                # that does not come, its worker gone, is waited for at the usual pace).
+                decided_at = now if decided_at is None else decided_at
+                changed = changed or now - decided_at < OUTCOME_IMMINENT_SECONDS
         if now >= deadline:
             yield timeout_event(last, version)
             return

@@ -19,12 +19,22 @@ import sqlalchemy.exc
 from sqlalchemy import TextClause, event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from taskfleet.shared.db import sqlalchemy_url
+from taskfleet.shared.db import POOLED_STARTUP_PARAMETERS, sqlalchemy_url
 from taskfleet.shared.queries import Query
+
+_POOLER_REASON = (
+    "database prepared statements collide: DATABASE_URL is a transaction-mode pooler "
+    "(PgBouncer); set TASKFLEET_DATABASE_POOLER=transaction"
+)
 
 # SQLSTATE classes and codes that mean "the database cannot serve us now", not "we sent
 # something wrong", each with the reason the 503 gives. Checked in order, the first match wins.
 _UNAVAILABLE_SQLSTATES: tuple[tuple[str, str], ...] = (
+    # A prepared statement of the same name already there, or ours gone: taskfleet names none
+    # itself, so DATABASE_URL is a transaction-mode pooler sharing server connections between
+    # clients that cache statements. Nothing is written; the operator has a setting to fix.
+    ("42P05", _POOLER_REASON),  # duplicate_prepared_statement
+    ("26000", _POOLER_REASON),  # invalid_sql_statement_name
     ("3D000", "database does not exist"),
     ("3F000", "database schema is not migrated (run taskfleet migrate)"),  # invalid schema
     ("42P01", "database schema is not migrated (run taskfleet migrate)"),  # undefined table
@@ -135,6 +145,26 @@ def _ping_after_idle(engine: AsyncEngine, idle_seconds: float) -> None:
             raise sqlalchemy.exc.DisconnectionError(str(exc)) from exc
 
 
+def _unnamed() -> str:
+    return ""
+
+
+def pooler_connect_args() -> dict[str, Any]:
+    """The asyncpg dialect's arguments for a transaction-mode pooler (PgBouncer), where two
+    transactions of one client connection may run on different server connections, and a server
+    connection serves other clients in between: no statement is kept prepared, by asyncpg
+    (``statement_cache_size``) or by SQLAlchemy (``prepared_statement_cache_size``), and the
+    statements SQLAlchemy prepares are the unnamed one, which the next statement replaces. A
+    named one (``__asyncpg_stmt_1__``) would collide with another client's of the same name on
+    that server connection, or be missing from the next. The prepare and its execution are sent
+    without a Sync in between, so the pooler keeps them on one server connection."""
+    return {
+        "statement_cache_size": 0,
+        "prepared_statement_cache_size": 0,
+        "prepared_statement_name_func": _unnamed,
+    }
+
+
 async def fetch_all(conn: AsyncConnection, query: Query, **params: Any) -> list[Row]:
     """Run a named query on ``conn``: its rows as dicts (jsonb as Python objects)."""
     result = await conn.execute(_statement(query), params)
@@ -155,14 +185,22 @@ class Database:
         self.engine = engine
 
     @classmethod
-    def create(cls, url: str, *, pool_size: int) -> Database:
+    def create(cls, url: str, *, pool_size: int, pooled: bool = False) -> Database:
+        """``pooled``: ``url`` is a transaction-mode pooler (see :func:`pooler_connect_args`)."""
+        connect_args: dict[str, Any] = {
+            "timeout": 5,
+            "server_settings": {"application_name": "taskfleet-api"},
+        }
+        if pooled:
+            connect_args.update(pooler_connect_args())
+            connect_args["server_settings"] = dict(POOLED_STARTUP_PARAMETERS)
         engine = create_async_engine(
             sqlalchemy_url(url),
             pool_size=pool_size,
             # The pool size is the API's whole budget of connections: no overflow beyond it.
             max_overflow=0,
             pool_timeout=10,
-            connect_args={"timeout": 5, "server_settings": {"application_name": "taskfleet-api"}},
+            connect_args=connect_args,
         )
         _ping_after_idle(engine, PING_AFTER_IDLE_SECONDS)
         return cls(engine)

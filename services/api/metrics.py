@@ -1,16 +1,23 @@
-"""``GET /metrics``: HTTP metrics plus queue and fleet gauges read from Postgres at scrape time.
+"""``GET /metrics``: HTTP metrics plus queue and fleet gauges read from Postgres.
 
-The gauges are refreshed right before each scrape, under a lock (a refresh clears and refills
-labelled series; two interleaved ones would expose a half-filled set). If the database cannot be
-read within a few seconds the scrape still answers: the database-derived series are dropped, so
-stale numbers cannot pass for current ones, and ``taskfleet_api_database_up`` says 0.
+The gauges are a snapshot, refreshed by a scrape that finds it older than
+:data:`SNAPSHOT_MAX_AGE` (the scrapes in between answer from it, after one trivial statement
+that shows the database still answers), under a lock (a refresh clears
+and refills labelled series; two interleaved ones would expose a half-filled set). A refresh
+reads a bounded number of index entries and rows however deep the backlog
+(docs/operations.md#metrics-at-depth): each lane's and group's depth is exact up to
+:data:`DEPTH_LIMIT` and the planner's estimate past it; the oldest waits come from the oldest
+:data:`SAMPLE_LIMIT` pending tasks. If the database cannot be read within a few seconds the
+scrape still answers: the database-derived series are dropped, so stale numbers cannot pass for
+current ones, and ``taskfleet_api_database_up`` says 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Response
@@ -30,13 +37,34 @@ log = logging.getLogger(__name__)
 REFRESH_TIMEOUT = 3.0
 NO_GROUP = ""  # the group label of the control and strict lanes
 DEFAULT_GROUP = "default"
+#: Seconds a snapshot of the database-derived gauges is served before a scrape refreshes it.
+SNAPSHOT_MAX_AGE = 5.0
+#: A lane's or group's depth is counted exactly up to this many tasks; past it, estimated.
+DEPTH_LIMIT = 1_000
+#: Pending tasks read, oldest first, for the oldest-wait gauges (and unknown types per type).
+SAMPLE_LIMIT = 1_000
 
 
 class QueueGauges:
     """Refreshes :class:`ApiMetrics`' database-derived gauges."""
 
-    def __init__(self, metrics: ApiMetrics, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        metrics: ApiMetrics,
+        registry: CollectorRegistry,
+        *,
+        max_age: float = SNAPSHOT_MAX_AGE,
+        depth_limit: int = DEPTH_LIMIT,
+        sample_limit: int = SAMPLE_LIMIT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.metrics = metrics
+        self._max_age = max_age
+        self._depth_limit = depth_limit
+        self._sample_limit = sample_limit
+        self._clock = clock
+        #: When the current snapshot was read (None: there is none).
+        self._read_at: float | None = None
         self.database_up = Gauge(
             "taskfleet_api_database_up",
             "1 when the last /metrics scrape could read Postgres, else 0.",
@@ -45,16 +73,26 @@ class QueueGauges:
         self._lock = asyncio.Lock()
 
     async def refresh(self, database: Database | None) -> None:
+        """Read the gauges again unless the snapshot is younger than the maximum age; a young
+        snapshot is served only while the database still answers (one trivial statement), so
+        numbers read before an outage never pass for current ones."""
+        fresh = self._read_at is not None and self._clock() - self._read_at < self._max_age
         try:
             if database is None:
                 raise DatabaseUnavailable("the app is not started")
             async with asyncio.timeout(REFRESH_TIMEOUT):
+                if fresh:
+                    await database.fetch_all(q.schema_revision)
+                    return
                 await self._read(database)
             self.database_up.set(1)
         except (DatabaseUnavailable, TimeoutError) as exc:
             log.warning("metrics: queue gauges not refreshed: %s", exc or "timed out")
             self._clear()
             self.database_up.set(0)
+            self._read_at = None  # read them all again as soon as the database answers
+            return
+        self._read_at = self._clock()
 
     async def _read(self, database: Database) -> None:
         async with database.transaction() as conn:
@@ -62,35 +100,53 @@ class QueueGauges:
             config = _config(latest["payload"] if latest else {})
             configured = sorted(config.label_weights)
             alive = await fetch_all(conn, q.runtime_config_alive_applied)
-            stats = await fetch_all(
+            # Every lane and configured group is a series, zero when empty: a dashboard shows
+            # 0, not "no data", and an alert on depth does not go quiet when the queue drains.
+            series = [(Lane.CONTROL.value, NO_GROUP), (Lane.STRICT.value, NO_GROUP)]
+            series += [(Lane.NORMAL.value, g) for g in (DEFAULT_GROUP, *configured)]
+            # One more than the limit tells "exactly the limit" from "past it".
+            depths = await fetch_all(
                 conn,
-                q.task_queue_stats,
+                q.metrics_queue_depth,
+                lanes=[lane for lane, _ in series],
+                group_keys=[_group_key(lane, group) for lane, group in series],
+                limit=self._depth_limit + 1,
+            )
+            oldest = await fetch_all(
+                conn,
+                q.metrics_oldest_ready,
+                limit=self._sample_limit,
                 paused_labels=list(config.paused_labels),
                 paused_types=list(config.paused_types),
                 paused_lanes=list(config.paused_lanes),
             )
-            unrunnable = await fetch_all(conn, q.task_unrunnable_counts)
+            unrunnable = await fetch_all(conn, q.metrics_unrunnable, limit=self._depth_limit + 1)
             limits = await fetch_all(conn, q.label_limit_stats)
         latest_version = int(latest["version"]) if latest else 0
         self._clear()
-        # Every lane and configured group gets a series, zero when empty: a dashboard shows 0,
-        # not "no data", and an alert on depth does not go quiet when the queue drains.
-        zero_series = [(Lane.CONTROL.value, NO_GROUP), (Lane.STRICT.value, NO_GROUP)]
-        zero_series += [(Lane.NORMAL.value, g) for g in (DEFAULT_GROUP, *configured)]
-        for lane, group in zero_series:
-            self.metrics.queue_depth.labels(lane=lane, group=group).set(0)
-            self.metrics.queue_oldest.labels(lane=lane, group=group).set(0)
+        labels = {(lane, _group_key(lane, group)): group for lane, group in series}
+        for row in depths:
+            group = labels[(row["lane"], row["group_key"])]
+            depth = int(row["counted"])
+            if depth > self._depth_limit:
+                depth = max(self._depth_limit, int(row["estimate"] or 0))
+            self.metrics.queue_depth.labels(lane=row["lane"], group=group).set(depth)
+            self.metrics.queue_oldest.labels(lane=row["lane"], group=group).set(0)
         paused = 0
-        for row in stats:
-            group = row["grp"] if row["grp"] is not None else NO_GROUP
+        for row in oldest:
             paused += int(row["paused"])
-            self.metrics.queue_depth.labels(lane=row["lane"], group=group).set(row["depth"])
-            self.metrics.queue_oldest.labels(lane=row["lane"], group=group).set(
-                row["oldest_ready_seconds"]
-            )
+            known = labels.get((row["lane"], row["group_key"]))
+            # A group key no longer configured is not claimable as such; a series whose sampled
+            # tasks are all paused or not due yet stays at 0.
+            if known is not None and row["oldest_ready_seconds"] is not None:
+                self.metrics.queue_oldest.labels(lane=row["lane"], group=known).set(
+                    row["oldest_ready_seconds"]
+                )
         self.metrics.queue_paused.set(paused)
         for row in unrunnable:
-            self.metrics.queue_unrunnable.labels(reason=row["reason"]).set(row["tasks"])
+            self.metrics.queue_unrunnable.labels(reason=row["reason"]).set(
+                min(int(row["tasks"]), self._depth_limit)
+            )
         for row in limits:
             label = row["label"]
             self.metrics.label_in_flight.labels(label=label).set(row["in_flight"])
@@ -118,6 +174,11 @@ class QueueGauges:
         async with self._lock:
             await self.refresh(database)
             return generate_latest(registry)
+
+
+def _group_key(lane: str, group: str) -> str:
+    """The stored group key of a series: '' for the default group and the other lanes."""
+    return group if lane == Lane.NORMAL.value and group != DEFAULT_GROUP else ""
 
 
 def _config(payload: Mapping[str, Any]) -> RuntimeConfig:

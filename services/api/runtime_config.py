@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from taskfleet.api.auth import require_role
 from taskfleet.api.config_stream import (
     enqueued_event,
+    excluded_json,
     final_event,
     read_snapshot,
     request_location,
@@ -32,6 +33,7 @@ from taskfleet.api.errors import ApiError, error_item
 from taskfleet.api.negotiation import JSON, JSONL, NDJSON, SSE, negotiate, not_acceptable
 from taskfleet.api.routing import read_body
 from taskfleet.shared import queries
+from taskfleet.shared.policy.lanes import Lane
 from taskfleet.shared.policy.runtime_config import (
     RuntimeConfig,
     RuntimeConfigError,
@@ -112,6 +114,9 @@ async def _change_config(
     if media_type is None:
         raise not_acceptable()
     submitted = await submit_config(database, request_id, payload, check_payload=check_payload)
+    if not submitted.deduplicated:
+        # Committed: one control-lane task inserted (an attached retry inserted nothing).
+        get_state(request).metrics.submitted.labels(Lane.CONTROL.value).inc()
     if not wait:
         return JSONResponse(
             {
@@ -392,6 +397,12 @@ async def get_runtime_config_request(
         "alive_workers": snapshot.alive_workers,
         "applied_workers": snapshot.applied_workers,
         "lagging": list(snapshot.lagging),
+        # The outcome's (as decided), else the workers left out so far.
+        "excluded": (
+            final["excluded"]
+            if final is not None and "excluded" in final
+            else excluded_json(snapshot.excluded)
+        ),
         "outcome": final["event"] if final is not None else None,
         "final": final,
         "payload": snapshot.task["payload"] if snapshot.task is not None else None,

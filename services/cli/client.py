@@ -37,6 +37,7 @@ from taskfleet.config_events import (
     ConfigEvent,
     Converged,
     Enqueued,
+    ExcludedWorker,
     Failed,
     FinalEvent,
     FleetProgress,
@@ -153,7 +154,10 @@ def describe_outcome(event: FinalEvent) -> tuple[int, str]:
     """The exit code and the one-line message of a final event."""
     if isinstance(event, Converged):
         took = f" in {event.seconds:.2f}s" if event.seconds is not None else ""
-        return 0, f"converged: {_version(event.version)} applied by every alive worker{took}"
+        return 0, (
+            f"converged: {_version(event.version)} applied by every alive worker{took}"
+            f"{_left_out(event.excluded)}"
+        )
     if isinstance(event, Superseded):
         newer = (
             f"version {event.superseded_by}" if event.superseded_by is not None else "a newer one"
@@ -163,9 +167,16 @@ def describe_outcome(event: FinalEvent) -> tuple[int, str]:
         lagging = f"; lagging: {_short_list(event.lagging)}" if event.lagging else ""
         return 1, (
             f"timeout: {_version(event.version)} is not applied by every alive worker yet"
-            f"{lagging} (the change goes on)"
+            f"{lagging}{_left_out(event.excluded)} (the change goes on)"
         )
     return 1, f"failed: {event.error}"
+
+
+def _left_out(excluded: tuple[ExcludedWorker, ...]) -> str:
+    """``; left out: m3 (heartbeat expired)``, or nothing."""
+    if not excluded:
+        return ""
+    return "; left out: " + _short_list([f"{e.id} ({e.reason})" for e in excluded])
 
 
 def progress_line(event: FleetProgress) -> str:

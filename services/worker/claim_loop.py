@@ -26,7 +26,7 @@ from taskfleet.shared.policy.lanes import Lane
 from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line, rejected_statement
 from taskfleet.worker.executor import Executor
-from taskfleet.worker.outcomes import OutcomeWriter, finish_params, report_lost
+from taskfleet.worker.outcomes import OutcomeWriter, finish_params, settle
 from taskfleet.worker.slots import Running, Slots
 
 log = logging.getLogger("taskfleet.worker")
@@ -267,7 +267,12 @@ class ClaimLoop:
             self._in_flight_since = None
             self._failing = False
             if outcomes:
-                report_lost(outcomes, rows[0]["finished_ids"] if rows else [])
+                written = (
+                    dict(zip(rows[0]["finished_ids"], rows[0]["finished_statuses"], strict=True))
+                    if rows
+                    else {}
+                )
+                settle(outcomes, written, self._metrics)
             claimed: Counter[tuple[Lane, GroupKey]] = Counter()
             for row in rows:
                 if row["id"] is None:

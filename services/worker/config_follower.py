@@ -94,6 +94,8 @@ class ConfigFollower:
 
     def _apply(self, config: RuntimeConfig, version: int) -> None:
         self._planner.apply(config)
+        # The claim counters of the groups this config names exist from now on, at zero.
+        self._metrics.initialise_groups(config.label_weights)
         self.applied_version = version
         self._on_applied()
         self._publish()

@@ -4,8 +4,14 @@
 1. validate and normalise again; 2. insert the version (or find it by request id: retries are
 idempotent); 3. NOTIFY ``up_config``; 4. loop until the fleet has an outcome for it (the rule in
 ``shared/policy/convergence.py``: superseded or converged, or timeout once
-TASKFLEET_RUNTIME_CONFIG_DEADLINE has passed), re-notifying every notifyInterval and waiting up
-to listenTimeout for ACKs, which only make the next check come sooner. The database decides.
+TASKFLEET_RUNTIME_CONFIG_DEADLINE has passed), re-notifying every notifyInterval and waiting
+for ACKs, which only make the next check come sooner. The database decides.
+
+The task's result is the change's one stored answer (the API's stream and request document
+report it), so the task looks again the moment the answer can change: on an ACK, or when the
+first lagging worker's heartbeat expires; listenTimeout only bounds the wait. Its metrics
+(convergence time, superseded, excluded workers) are recorded once the database accepted the
+task's completion: a run whose completion is refused (its lease lost) counts nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ import asyncpg
 
 from taskfleet.shared import db, protocol, queries
 from taskfleet.shared.metrics import WorkerMetrics
-from taskfleet.shared.policy.convergence import FleetView, Superseded, TimedOut, decide
+from taskfleet.shared.policy.convergence import (
+    Converged,
+    Decision,
+    Superseded,
+    TimedOut,
+    decide,
+    next_check_seconds,
+    view_from_row,
+)
 from taskfleet.shared.policy.runtime_config import (
     RuntimeConfig,
     RuntimeConfigError,
@@ -31,7 +45,8 @@ from taskfleet.shared.policy.runtime_config import (
 )
 from taskfleet.shared.registry import PermanentError
 from taskfleet.shared.settings import WorkerSettings
-from taskfleet.worker.regroup import finish_regrouping, start_regrouping
+from taskfleet.worker.outcomes import ControlResult
+from taskfleet.worker.regroup import start_regrouping
 
 log = logging.getLogger("taskfleet.worker.config")
 
@@ -44,8 +59,11 @@ class ConfigWriter:
     metrics: WorkerMetrics
     #: Apply the written version on this worker at once (not at its next notification).
     refresh_local: Callable[[], None]
+    #: Hand over work that goes on after the task (the re-grouping): the worker stops it when
+    #: it stops. The task's outcome is the change's answer and must not wait for it.
+    keep: Callable[[asyncio.Task[None]], None]
 
-    async def __call__(self, task_id: int, payload: Any) -> dict[str, Any]:
+    async def __call__(self, task_id: int, payload: Any) -> ControlResult:
         return await run_config_update(self, task_id, payload)
 
 
@@ -85,7 +103,51 @@ async def _write_version(
         return int(row["version"]), config
 
 
-async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) -> dict[str, Any]:
+def _record(metrics: WorkerMetrics, decision: Decision) -> Callable[[], None]:
+    """The metrics of ``decision``, to be recorded once its task's completion is written."""
+
+    def record() -> None:
+        if isinstance(decision, Superseded):
+            metrics.superseded.inc()
+            return
+        if isinstance(decision, Converged):
+            metrics.convergence_seconds.observe(decision.seconds or 0.0)
+        for excluded in decision.excluded:
+            metrics.excluded_workers.labels(excluded.reason).inc()
+
+    return record
+
+
+def result_of(decision: Decision) -> dict[str, Any]:
+    """The update task's result for ``decision``: the stored answer the API reports."""
+    if isinstance(decision, Superseded):
+        return {
+            "outcome": "superseded",
+            "version": decision.version,
+            "superseded_by": decision.superseded_by,
+        }
+    excluded = [e.to_json() for e in decision.excluded]
+    if isinstance(decision, Converged):
+        return {
+            "outcome": "converged",
+            "version": decision.version,
+            "seconds": decision.seconds or 0.0,
+            "alive_workers": decision.alive_workers,
+            "excluded": excluded,
+        }
+    result: dict[str, Any] = {
+        "outcome": "timeout",
+        "version": decision.version,
+        "lagging": list(decision.lagging),
+        "alive_workers": decision.alive_workers,
+        "excluded": excluded,
+    }
+    if decision.reason is not None:
+        result["reason"] = decision.reason
+    return result
+
+
+async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) -> ControlResult:
     settings, metrics = writer.settings, writer.metrics
     request_id = payload.get("requestID") if isinstance(payload, dict) else None
     if not isinstance(request_id, str) or not request_id:
@@ -115,33 +177,15 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
         writer.refresh_local()
         # Pending tasks whose group a change of the configured labels moves: re-grouped in
         # the background, in bounded steps, while the fleet converges.
-        regrouping = start_regrouping(settings.database_url)
+        regrouping = start_regrouping(settings.database_url, pooled=settings.pooled)
         last_notify = time.monotonic()
         deadline = last_notify + settings.runtime_config_deadline
         while True:
             acked.clear()
             state = await _fetch(conn, queries.runtime_config_convergence, version=version)
-            lagging = list(state["lagging"])
-            metrics.lagging_workers.set(len(lagging))
-            since = state["seconds_since_insert"]
-            decision = decide(
-                FleetView(
-                    version=version,
-                    latest=int(state["latest"]),
-                    alive_workers=int(state["alive_workers"]),
-                    lagging=lagging,
-                    seconds_since_insert=float(since) if since is not None else None,
-                ),
-                deadline_passed=time.monotonic() >= deadline,
-            )
-            if isinstance(decision, Superseded):
-                metrics.superseded.inc()
-                metrics.lagging_workers.set(0)
-                return {
-                    "outcome": "superseded",
-                    "version": version,
-                    "superseded_by": decision.superseded_by,
-                }
+            view = view_from_row(version, state)
+            metrics.lagging_workers.set(len(view.lagging))
+            decision = decide(view, deadline_passed=time.monotonic() >= deadline)
             if isinstance(decision, TimedOut):
                 log.warning(
                     "task %d: runtime config version %d not applied by every alive worker "
@@ -151,33 +195,31 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
                     settings.runtime_config_deadline,
                     ", ".join(decision.lagging) or decision.reason,
                 )
-                result: dict[str, Any] = {
-                    "outcome": "timeout",
-                    "version": version,
-                    "lagging": list(decision.lagging),
-                    "alive_workers": decision.alive_workers,
-                }
-                if decision.reason is not None:
-                    result["reason"] = decision.reason
-                return result
             if decision is not None:
-                seconds = decision.seconds or 0.0
-                metrics.convergence_seconds.observe(seconds)
-                return {
-                    "outcome": "converged",
-                    "version": version,
-                    "seconds": seconds,
-                    "alive_workers": decision.alive_workers,
-                }
+                if not isinstance(decision, Superseded) and decision.excluded:
+                    log.warning(
+                        "task %d: runtime config version %d %s without %s",
+                        task_id,
+                        version,
+                        decision.kind,
+                        ", ".join(f"{e.id} ({e.reason})" for e in decision.excluded),
+                    )
+                # The change is decided: this worker rolls nothing out any more.
+                metrics.lagging_workers.set(0)
+                return ControlResult(result_of(decision), _record(metrics, decision))
             now = time.monotonic()
             if now - last_notify >= config.notify_interval:
                 await _fetch(
                     conn, queries.notify, channel=protocol.CONFIG_CHANNEL, payload=up_config
                 )
                 last_notify = now
-            until_notify = config.notify_interval - (time.monotonic() - last_notify)
+            wait = next_check_seconds(
+                listen_timeout=config.listen_timeout,
+                until_notify=config.notify_interval - (time.monotonic() - last_notify),
+                lagging_expire_in=view.lagging_expire_in,
+            )
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.005, min(config.listen_timeout, until_notify))):
+                async with asyncio.timeout(wait):
                     await acked.wait()
     finally:
         with contextlib.suppress(Exception):
@@ -185,4 +227,5 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
         if not conn.is_closed():
             conn.terminate()
         if regrouping is not None:
-            await finish_regrouping(regrouping)
+            # It goes on, bounded by its budget, after the outcome is reported.
+            writer.keep(regrouping)

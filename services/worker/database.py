@@ -2,6 +2,12 @@
 
 No pool: asyncpg's pool sends reset statements (UNLISTEN *, RESET ALL, ...) on every release,
 which a claim loop would pay on every round trip.
+
+Through a transaction-mode pooler (``TASKFLEET_DATABASE_POOLER=transaction``) a connection keeps
+nothing in its session: each statement runs in a transaction of its own that starts with
+``SET LOCAL`` of the connection's settings (statement timeout, synchronous commit), and is
+prepared unnamed each time. Four round trips instead of one; the pooler's server connection is
+held for exactly that transaction.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from taskfleet.shared import db
+from taskfleet.shared import db, queries
 from taskfleet.shared.queries import Query
 
 log = logging.getLogger(__name__)
@@ -62,11 +68,18 @@ class Database:
         *,
         synchronous_commit: bool = True,
         statement_timeout: float = STATEMENT_TIMEOUT,
+        pooled: bool = False,
     ) -> None:
         self._url = url
         self._timeout = statement_timeout
         self._synchronous_commit = synchronous_commit
         self._application_name = application_name
+        self._pooled = pooled
+        self._begin = queries.transaction_begin(
+            db.session_settings(
+                synchronous_commit=synchronous_commit, statement_timeout=statement_timeout
+            )
+        )
         self._conn: asyncpg.Connection | None = None
         self._lock = asyncio.Lock()
         #: The last statement failed (none yet: not failing).
@@ -82,17 +95,39 @@ class Database:
                     application_name=self._application_name,
                     synchronous_commit=self._synchronous_commit,
                     statement_timeout=self._timeout,
+                    pooled=self._pooled,
                 )
         return self._conn
+
+    async def _fetch_in_transaction(
+        self, conn: asyncpg.Connection, sql: str, args: list[Any], timeout: float
+    ) -> list[asyncpg.Record]:
+        """The statement in a transaction of its own, the session settings SET LOCAL in it."""
+        await conn.execute(self._begin, timeout=timeout)
+        try:
+            rows: list[asyncpg.Record] = await conn.fetch(sql, *args, timeout=timeout)
+        except asyncpg.PostgresError:
+            # The server answered: end the failed transaction so the connection is usable
+            # again (a connection that cannot is dropped by the caller's handler).
+            try:
+                await conn.execute(queries.TRANSACTION_ROLLBACK, timeout=timeout)
+            except BaseException:
+                self._discard()
+                raise
+            raise
+        await conn.execute(queries.TRANSACTION_COMMIT, timeout=timeout)
+        return rows
 
     async def fetch(self, query: Query, **params: Any) -> list[asyncpg.Record]:
         sql, args = query.positional(params)
         async with self._lock:
             try:
                 conn = await self._connection()
-                rows: list[asyncpg.Record] = await conn.fetch(
-                    sql, *args, timeout=self._timeout + CLIENT_TIMEOUT_MARGIN
-                )
+                timeout = self._timeout + CLIENT_TIMEOUT_MARGIN
+                if self._pooled:
+                    rows = await self._fetch_in_transaction(conn, sql, args, timeout)
+                else:
+                    rows = await conn.fetch(sql, *args, timeout=timeout)
             except asyncpg.PostgresError as exc:
                 # The server answered with an error: the connection is still good, unless the
                 # error is the server going away (admin shutdown, crash recovery, ...).

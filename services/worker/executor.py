@@ -1,5 +1,6 @@
 """Running attempts: each claimed task in its own coroutine, its handler called once, what
-happened mapped to an :class:`Outcome` (retry rules applied) and queued for the writer.
+happened mapped to an :class:`Outcome` (retry rules applied) and queued for the writer. The
+outcome is counted by the writer once the database accepted it (``outcomes.settle``), not here.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from taskfleet.shared.storable import UnstorableResult, cap_text, encode_result,
 from taskfleet.worker.database import first_line
 from taskfleet.worker.invocation import AttemptTimeout, HandlerRunner
 from taskfleet.worker.isolation import ChildFailed
-from taskfleet.worker.outcomes import RELEASED, Outcome, OutcomeWriter
+from taskfleet.worker.outcomes import RELEASED, ControlResult, Outcome, OutcomeWriter
 from taskfleet.worker.slots import Running, Slots
 
 log = logging.getLogger("taskfleet.worker")
 
 MAX_ERROR_CHARS = 8000
 
-#: Runs the control-lane task (the runtime-config writer): (task id, payload) -> result.
-ControlRunner = Callable[[int, Any], Awaitable[Any]]
+#: Runs the control-lane task (the runtime-config writer): (task id, payload) -> its result, and
+#: what to record once the database accepted the task's completion.
+ControlRunner = Callable[[int, Any], Awaitable[ControlResult]]
 
 
 def storable_error(message: str) -> str:
@@ -126,15 +128,17 @@ class Executor:
         self._metrics.task_duration.labels(running.lane.value).observe(self._clock() - started)
         if outcome is None:
             return
-        label = {"pending": "retried", RELEASED: RELEASED}.get(outcome.status, outcome.status)
-        self._metrics.outcomes.labels(running.type, label).inc()
         self._outcomes.put(outcome)
 
     def _interrupted(self, running: Running) -> Outcome | None:
         """The outcome of an attempt interrupted by a cancel request or the drain timeout."""
         if running.cancel_reason == "user":
             return Outcome(
-                running.id, running.attempts, TaskStatus.CANCELLED.value, error="cancelled"
+                running.id,
+                running.attempts,
+                TaskStatus.CANCELLED.value,
+                error="cancelled",
+                type=running.type,
             )
         if running.thread_running:
             # Its code still runs: giving the task back now would let another worker run it
@@ -147,7 +151,11 @@ class Executor:
             )
             return None
         return Outcome(
-            running.id, running.attempts, RELEASED, error="interrupted by worker shutdown"
+            running.id,
+            running.attempts,
+            RELEASED,
+            error="interrupted by worker shutdown",
+            type=running.type,
         )
 
     def _free(self, running: Running, thread: asyncio.Future[Any] | None) -> None:
@@ -160,8 +168,12 @@ class Executor:
 
     async def _attempt(self, running: Running, payload: Any) -> Outcome:
         """Run the handler once; map what happened to an outcome (retry rules applied)."""
+        on_written = None
         try:
             result = await self._invoke(running, payload)
+            if isinstance(result, ControlResult):
+                on_written = result.on_written
+                result = result.result
         except PermanentError as exc:
             return self._failure(running, exc, permanent=True)
         except AttemptTimeout as exc:
@@ -176,7 +188,14 @@ class Executor:
             encoded = encode_result(result)
         except UnstorableResult as exc:
             return self._failure(running, PermanentError(str(exc)), permanent=True)
-        return Outcome(running.id, running.attempts, TaskStatus.COMPLETED.value, result=encoded)
+        return Outcome(
+            running.id,
+            running.attempts,
+            TaskStatus.COMPLETED.value,
+            result=encoded,
+            type=running.type,
+            on_written=on_written,
+        )
 
     async def _invoke(self, running: Running, payload: Any) -> Any:
         if running.type == RUNTIME_CONFIG_TASK_TYPE:
@@ -218,9 +237,16 @@ class Executor:
                 TaskStatus.PENDING.value,
                 error=message,
                 retry_in=policy.delay(running.attempts),
+                type=running.type,
             )
         else:
-            outcome = Outcome(running.id, running.attempts, TaskStatus.FAILED.value, error=message)
+            outcome = Outcome(
+                running.id,
+                running.attempts,
+                TaskStatus.FAILED.value,
+                error=message,
+                type=running.type,
+            )
         self._log_failure(running, exc, outcome, permanent=permanent)
         return outcome
 

@@ -1,6 +1,8 @@
-"""The heartbeat: one statement per tick refreshes the worker row and every lease this process
-holds, returns the cancellations requested, runs the lease sweep when due (one worker at a time,
-under an advisory lock), reports the latest config version and whether a control task waits.
+"""The heartbeat: one statement per tick refreshes the worker row (which is the lease of every
+task this process runs: no task row is written), returns the cancellations requested, runs
+the lease sweep when due (one worker at a time, under an advisory lock), reports the latest
+config version, whether a control task waits and whether rows are due for pruning (the pruner
+deletes them on its own connection).
 
 What the tick learns is handed to the supervisor through :class:`TickHandlers`; this file only
 keeps time and talks to the database.
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from taskfleet.shared import queries
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
+from taskfleet.shared.policy.retention import RUNTIME_CONFIG_VERSIONS_KEPT
 from taskfleet.shared.settings import WorkerSettings
 from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line
 
@@ -38,6 +41,8 @@ class TickHandlers:
     unregistered: Callable[[], Awaitable[None]]
     #: The schema's revisions (alembic_version), every tick.
     schema_revisions: Callable[[list[str]], None]
+    #: This worker swept and found rows due for pruning (retention).
+    prune_due: Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ class Heartbeat:
         next_tick = now + interval
         next_sweep = now + random.uniform(0, sweep_every)  # spread the fleet's sweeps
         retry = LoopBackoff(base=0.2, cap=interval)
+        retention = settings.retention
+        prune_statuses, prune_keep = retention.task_cutoffs()
         while True:
             await asyncio.sleep(max(0.0, min(next_tick, next_sweep) - self._clock()))
             now = self._clock()
@@ -104,6 +111,10 @@ class Heartbeat:
                     lease_ttl=settings.lease_ttl,
                     sweep=sweep,
                     sweep_lock_key=queries.SWEEP_LOCK_KEY,
+                    prune_statuses=prune_statuses,
+                    prune_keep=prune_keep,
+                    workers_keep=retention.workers,
+                    configs_kept=RUNTIME_CONFIG_VERSIONS_KEPT,
                 )
             except DATABASE_ERRORS as exc:
                 self._metrics.heartbeat_failures.inc()
@@ -133,6 +144,8 @@ class Heartbeat:
                     self._handlers.control_pending()
                 elif kind == "registered" and row["id"] == 0:
                     await self._handlers.unregistered()
+                elif kind == "prune_due":
+                    self._handlers.prune_due()
                 elif kind == "schema":
                     found = row["status"]
                     self._handlers.schema_revisions(found.split(",") if found else [])

@@ -4,6 +4,11 @@ A finished attempt becomes an :class:`Outcome` in the queue. Outcomes ride along
 claim when the claim loop is about to claim anyway (one round trip for both); otherwise the finish
 loop writes everything queued in one statement. Nothing is dropped: a failed write puts the batch
 back and is retried with backoff.
+
+An outcome is counted (``taskfleet_task_outcomes_total``) when, and only when, the database
+accepted its write: the statements are fenced by (id, worker, attempt, status running) and
+return what they wrote (:func:`settle`). An attempt whose lease was lost meanwhile (the task was
+rescued and runs elsewhere) is not counted here: its real outcome is counted where it happens.
 """
 
 from __future__ import annotations
@@ -11,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from taskfleet.shared import queries
+from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.schema import TaskStatus
 from taskfleet.shared.storable import escape_text
@@ -39,6 +45,28 @@ class Outcome:
     retry_in: float = 0.0
     #: A statement carrying it was refused: write it on its own, never with a claim.
     alone: bool = False
+    #: The task's type (the ``type`` label of the outcome counter).
+    type: str = field(kw_only=True)
+    #: Called once the database accepted the write (the control task's metrics).
+    on_written: Callable[[], None] | None = field(default=None, kw_only=True, compare=False)
+
+    def label(self, written_status: str) -> str:
+        """The ``outcome`` label of this attempt, written with ``written_status`` (a retry or
+        a release of a task whose cancel was requested is written cancelled): completed,
+        retried, failed, cancelled or released."""
+        if written_status == TaskStatus.PENDING.value:
+            return RELEASED if self.status == RELEASED else "retried"
+        return written_status
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """What the control task (the runtime-config writer) returns: its result, and what to
+    record once the database has accepted the task's completion (never before: a completion
+    refused because the lease was lost records nothing)."""
+
+    result: dict[str, Any]
+    on_written: Callable[[], None] | None = field(default=None, compare=False)
 
 
 def finish_params(outcomes: list[Outcome]) -> dict[str, list[Any]]:
@@ -57,10 +85,16 @@ class OutcomeWriter:
     """The queue of outcomes and the loop that writes them."""
 
     def __init__(
-        self, database: Database, worker_id: str, *, on_retry_written: Callable[[], None]
+        self,
+        database: Database,
+        worker_id: str,
+        metrics: WorkerMetrics,
+        *,
+        on_retry_written: Callable[[], None],
     ) -> None:
         self._db = database
         self._worker_id = worker_id
+        self._metrics = metrics
         self._on_retry_written = on_retry_written
         self._queue: list[Outcome] = []
         self._event = asyncio.Event()
@@ -192,7 +226,7 @@ class OutcomeWriter:
             rows = await self._db.fetch(
                 queries.task_finish_batch, **finish_params(finished), worker_id=self._worker_id
             )
-            report_lost(finished, [r["id"] for r in rows])
+            settle(finished, {r["id"]: r["status"] for r in rows}, self._metrics)
             if any(o.status == TaskStatus.PENDING.value for o in finished):
                 self._on_retry_written()
         if released:
@@ -203,7 +237,7 @@ class OutcomeWriter:
                 worker_id=self._worker_id,
                 reason="interrupted by worker shutdown; returned to pending",
             )
-            report_lost(released, [r["id"] for r in rows])
+            settle(released, {r["id"]: r["status"] for r in rows}, self._metrics)
 
 
 def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
@@ -214,16 +248,23 @@ def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
         outcome.id,
         outcome.attempt,
         TaskStatus.FAILED.value,
+        type=outcome.type,
         error=f"the database refused this attempt's outcome ({outcome.status}): "
         f"SQLSTATE {sqlstate}: {first_line}",
     )
 
 
-def report_lost(written: list[Outcome], written_ids: list[int]) -> None:
-    """Log the outcomes a statement did not write: the lease had moved on."""
-    done = set(written_ids)
+def settle(written: list[Outcome], statuses: dict[int, str], metrics: WorkerMetrics) -> None:
+    """After a statement wrote outcomes: count each one the database accepted (``statuses``:
+    the status it wrote, by task id), once, as what was written, and log the ones it did not
+    write (the lease had moved on)."""
     for outcome in written:
-        if outcome.id not in done:
+        status = statuses.get(outcome.id)
+        if status is not None:
+            metrics.outcomes.labels(outcome.type, outcome.label(status)).inc()
+            if outcome.on_written is not None:
+                outcome.on_written()
+        else:
             log.warning(
                 "task %d: outcome %s not written: this worker no longer holds its lease",
                 outcome.id,

@@ -9,8 +9,10 @@ on it): it first waits for the transactions that were open when it saw the chang
 one of them may have read the old set), then walks only the groups a changed label can move rows
 out of, writing only the rows whose group changes.
 
-Who runs it: the worker that wrote the version (the config update task), right after writing
-it, until nothing is left or its time budget is spent; and every lease sweep, a bounded batch
+Who runs it: the worker that wrote the version (the config update task starts it right after
+writing the version; it goes on in the background of that worker after the task has reported
+its outcome), until nothing is left, its time budget is spent or the worker stops; and every
+lease sweep, a bounded batch
 as the safety net (inserts that raced with the change, a writer that died). Until a row is
 re-grouped it is claimed under its old key, i.e. in the group it was in before the change.
 """
@@ -61,9 +63,9 @@ async def regroup_pending(
             await asyncio.sleep(pause)
 
 
-async def _regroup_after_change(url: str) -> None:
+async def _regroup_after_change(url: str, pooled: bool) -> None:
     try:
-        conn = await db.connect(url, application_name="taskfleet-regroup")
+        conn = await db.connect(url, application_name="taskfleet-regroup", pooled=pooled)
     except (OSError, asyncpg.PostgresError) as exc:
         log.warning("re-grouping: cannot connect (%s); the lease sweeps will do it", exc)
         return
@@ -84,16 +86,7 @@ async def _regroup_after_change(url: str) -> None:
             await asyncio.wait_for(conn.close(), 5)
 
 
-def start_regrouping(url: str) -> asyncio.Task[None]:
-    """Re-group in the background (its own connection) while the caller goes on."""
-    return asyncio.create_task(_regroup_after_change(url), name="regroup")
-
-
-async def finish_regrouping(task: asyncio.Task[None]) -> None:
-    """Wait for :func:`start_regrouping`'s work (bounded by its budget). Cancelled with the
-    caller (the sweeps finish what is left)."""
-    try:
-        await task
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
+def start_regrouping(url: str, *, pooled: bool = False) -> asyncio.Task[None]:
+    """Re-group in the background (its own connection) while the caller goes on. ``pooled``:
+    ``url`` is a transaction-mode pooler (each step is one statement, so nothing else changes)."""
+    return asyncio.create_task(_regroup_after_change(url, pooled), name="regroup")

@@ -4,7 +4,8 @@ The parts, one job each (docs/architecture.md has the picture):
 - ``claim_loop.py``: the one scheduler loop; claims into free slots.
 - ``executor.py``: runs each claimed attempt and turns it into an outcome.
 - ``outcomes.py``: the outcome queue and the finish loop that writes it.
-- ``heartbeat.py``: one statement per tick (worker row, leases, sweep, cancels, config poll).
+- ``heartbeat.py``: one statement per tick (worker row = the leases, sweep, cancels, config).
+- ``pruner.py``: retention: deletes finished tasks and old rows in bounded batches.
 - ``config_follower.py``: reads and applies new runtime config versions.
 - ``config_update.py``: the control-lane task that writes a version and follows convergence.
 - ``listener.py``: LISTEN on a dedicated connection, reconnecting with backoff.
@@ -29,7 +30,7 @@ from typing import Any
 import asyncpg
 from prometheus_client import CollectorRegistry
 
-from taskfleet.shared import protocol, queries
+from taskfleet.shared import db, protocol, queries
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.migrations import head_revision, known_revisions, schema_problem
 from taskfleet.shared.policy.backoff import BackoffPolicy, LoopBackoff
@@ -53,6 +54,7 @@ from taskfleet.worker.heartbeat import Heartbeat, TickHandlers, TickState
 from taskfleet.worker.invocation import HandlerRunner
 from taskfleet.worker.listener import Listener
 from taskfleet.worker.outcomes import OutcomeWriter
+from taskfleet.worker.pruner import Pruner
 from taskfleet.worker.readiness import ReadinessInputs, not_ready_reasons
 from taskfleet.worker.slots import Slots
 from taskfleet.worker.stopping import stop_tasks
@@ -61,6 +63,9 @@ log = logging.getLogger("taskfleet.worker")
 
 #: Exit code of a worker that refused to start because its id belongs to a live worker.
 EXIT_DUPLICATE_ID = 2
+#: Exit code of a worker whose settings do not fit the database it reaches (a pooler refusing
+#: session settings): 2, as every taskfleet command whose setting is wrong.
+EXIT_BAD_SETTING = 2
 #: How often a worker waiting for a usable schema at start-up looks again (seconds).
 SCHEMA_RECHECK_SECONDS = 2.0
 
@@ -86,11 +91,15 @@ class Worker:
         #: The task types this worker has handlers for: it registers them and claims only
         #: them (and the control task, which every worker runs).
         self.task_types = registry.runnable_types()
+        self.metrics.initialise(
+            types=[*self.task_types, RUNTIME_CONFIG_TASK_TYPE], channels=protocol.CHANNELS
+        )
         self.status = "starting"
         self.metrics_port: int | None = None
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
-        #: The process's exit code once run() returns: 0, or 2 when the worker id was taken.
+        #: The process's exit code once run() returns: 0, or 2 when the worker id was taken or
+        #: the database refused the connection's settings (a pooler, see db.pooler_refusal).
         self.exit_code = 0
         #: The schema revision this code was written for, and why the database's is not usable
         #: (None while it is).
@@ -100,13 +109,18 @@ class Worker:
         self._stop = asyncio.Event()
         self._force_stop = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
+        #: Work that outlives the task that started it (a config change's re-grouping).
+        self._background: set[asyncio.Task[None]] = set()
         #: Set once registered and claiming; tests and /readyz wait on it.
         self.ready = asyncio.Event()
 
         url = settings.database_url
         sync = settings.synchronous_commit
-        self._claim_db = Database(url, "taskfleet-worker-claim", synchronous_commit=sync)
-        self._io_db = Database(url, "taskfleet-worker-io", synchronous_commit=sync)
+        pooled = settings.pooled
+        self._claim_db = Database(
+            url, "taskfleet-worker-claim", synchronous_commit=sync, pooled=pooled
+        )
+        self._io_db = Database(url, "taskfleet-worker-io", synchronous_commit=sync, pooled=pooled)
         # The heartbeat on a connection of its own, bounded well inside the lease: a slow
         # finish or config read must never cost the leases of everything running here.
         self._tick_db = Database(
@@ -114,11 +128,15 @@ class Worker:
             "taskfleet-worker-tick",
             synchronous_commit=sync,
             statement_timeout=min(STATEMENT_TIMEOUT, max(settings.lease_ttl / 2, 2.0)),
+            pooled=pooled,
         )
 
         self.slots = Slots(settings.concurrency, self.metrics)
         self.outcomes = OutcomeWriter(
-            self._io_db, self.id, on_retry_written=lambda: self.claim_loop.hint_work()
+            self._io_db,
+            self.id,
+            self.metrics,
+            on_retry_written=lambda: self.claim_loop.hint_work(),
         )
         self.config = ConfigFollower(
             worker_id=self.id,
@@ -138,7 +156,9 @@ class Worker:
             outcomes=self.outcomes,
             metrics=self.metrics,
             backoff=BackoffPolicy(base=settings.retry_base, cap=settings.retry_cap),
-            run_control=ConfigWriter(settings, self.metrics, self.config.schedule_refresh),
+            run_control=ConfigWriter(
+                settings, self.metrics, self.config.schedule_refresh, self._keep
+            ),
             on_control_slot_freed=lambda: self.claim_loop.control_slot_freed(),
             clock=clock,
         )
@@ -168,7 +188,17 @@ class Worker:
                 control_pending=self._control_pending,
                 unregistered=self._unregistered,
                 schema_revisions=self._schema_seen,
+                prune_due=lambda: self.pruner.due(),
             ),
+            clock=clock,
+        )
+        # Retention on a connection of its own, opened the first time something is due.
+        self._prune_db = Database(url, "taskfleet-worker-prune", synchronous_commit=sync)
+        self.pruner = Pruner(
+            policy=settings.retention,
+            database=self._prune_db,
+            metrics=self.metrics,
+            budget=settings.sweep_interval,
             clock=clock,
         )
         self.listener = Listener(
@@ -254,6 +284,7 @@ class Worker:
             asyncio.create_task(self.claim_loop.run(), name="claim-loop"),
             asyncio.create_task(self.outcomes.run(), name="finish-loop"),
             asyncio.create_task(self.heartbeat.run(), name="tick-loop"),
+            asyncio.create_task(self.pruner.run(), name="prune-loop"),
         ]
         self.ready.set()
         log.info(
@@ -298,6 +329,13 @@ class Worker:
                     return True
                 (owner,) = await self._io_db.fetch(queries.worker_get, id=self.id) or [None]
             except DATABASE_ERRORS as exc:
+                refusal = db.pooler_refusal(exc)
+                if refusal is not None:
+                    # A setting is wrong: retrying cannot help. Exit (a supervisor shows the
+                    # crash loop) instead of looking alive while claiming nothing.
+                    log.error("worker %s cannot start: %s", self.id, refusal)
+                    self.exit_code = EXIT_BAD_SETTING
+                    return False
                 delay = retry.next()
                 log.warning(
                     "start-up failed (database unavailable: %s); retrying in %.2fs",
@@ -420,13 +458,20 @@ class Worker:
         self.status = "stopped"
         log.info("worker %s stopped", self.id)
 
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _close(self) -> None:
+        # Unfinished re-grouping is left to the lease sweeps of the workers that stay.
+        await stop_tasks(self._background)
         self.handlers.shutdown()
         self.config.close()
         await self.listener.stop()
         await self._claim_db.close()
         await self._io_db.close()
         await self._tick_db.close()
+        await self._prune_db.close()
 
     async def _set_status(self, status: WorkerStatus) -> None:
         await self._io_db.fetch(

@@ -317,6 +317,7 @@ async def test_put_converges_across_three_worker_processes(database_url: str) ->
             "alive_workers": 3,
             "applied_workers": 3,
             "lagging": [],
+            "excluded": [],
         }
         print(f"\nconvergence across 3 worker processes: {events[-1]['seconds']:.3f}s (database)")
 
@@ -443,12 +444,18 @@ async def test_killed_worker_drops_out_of_convergence(database_url: str) -> None
             events = await put_config(client, {"maxStrictPercentage": 50})
             version = check_event_order(events, "converged")
             progress = progress_events(events)
+            # Named as left out when it still counted as alive after the version was written.
+            left_out = [{"id": "w3", "reason": "heartbeat expired"}]
+            if any(e["alive_workers"] == 3 for e in progress):
+                assert events[-1]["excluded"] == left_out, events
+            assert events[-1]["excluded"] in ([], left_out), events
             assert progress[-1] == {
                 "event": "progress",
                 "version": version,
                 "alive_workers": 2,
                 "applied_workers": 2,
                 "lagging": [],
+                "excluded": events[-1]["excluded"],
             }
             # While the dead worker still counted as alive, it was the only one lagging.
             for event in progress:

@@ -250,7 +250,7 @@ async def tick(
     lease_ttl: float = LEASE_TTL,
 ) -> list[tuple[str, int | None, str | None]]:
     """``worker_tick`` as (kind, id, status) tuples; ``held`` are the task ids this worker
-    process runs (only their leases are renewed), each at its current attempt unless
+    process runs (its heartbeat vouches only for those), each at its current attempt unless
     ``held_attempts`` says otherwise."""
     if held_attempts is None:
         held_attempts = await current_attempts(conn, held)
@@ -269,6 +269,10 @@ async def tick(
         lease_ttl=lease_ttl,
         sweep=sweep,
         sweep_lock_key=q.SWEEP_LOCK_KEY,
+        prune_statuses=[],
+        prune_keep=[],
+        workers_keep=None,
+        configs_kept=300,
     )
     return [(r["kind"], r["id"], r["status"]) for r in rows]
 
@@ -309,10 +313,18 @@ async def current_attempts(conn: asyncpg.Connection, ids: Sequence[int]) -> list
 
 
 async def expire_leases(conn: asyncpg.Connection, ids: Sequence[int]) -> None:
-    """Move leases into the past on the database's clock (no sleeping)."""
+    """Expire the leases of these tasks on the database's clock (no sleeping): the lease the
+    claim gave them is in the past, and so is the last heartbeat of the workers holding them (a
+    running task's lease is its worker's heartbeat). A holder that ticks again vouches for the
+    tasks it names once more."""
     await conn.execute(
         "UPDATE taskfleet.tasks SET lease_expires_at = now() - interval '1 second' "
         "WHERE id = ANY($1::bigint[])",
+        list(ids),
+    )
+    await conn.execute(
+        "UPDATE taskfleet.workers SET last_heartbeat = now() - interval '1 hour' WHERE id IN "
+        "(SELECT worker_id FROM taskfleet.tasks WHERE id = ANY($1::bigint[]))",
         list(ids),
     )
 

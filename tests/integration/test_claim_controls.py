@@ -22,6 +22,7 @@ from tests.integration.sql import (
     insert_tasks,
     register_worker,
     run,
+    tick,
 )
 
 
@@ -86,7 +87,10 @@ async def test_unrunnable_counts_tasks_no_alive_worker_has_the_tags_for(
     conn: asyncpg.Connection,
 ) -> None:
     async def missing() -> int:
-        rows = {r["reason"]: int(r["tasks"]) for r in await run(conn, q.task_unrunnable_counts)}
+        rows = {
+            r["reason"]: int(r["tasks"])
+            for r in await run(conn, q.metrics_unrunnable, limit=10_001)
+        }
         return rows["missing_tags"]
 
     await insert_tasks(
@@ -271,22 +275,7 @@ async def test_a_retry_or_a_lease_rescue_releases_the_slot_too(conn: asyncpg.Con
         "UPDATE taskfleet.tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
         first,
     )
-    await run(
-        conn,
-        q.worker_tick,
-        status="online",
-        hostname="test-host",
-        pid=1,
-        inflight=0,
-        strict_inflight=0,
-        applied_version=0,
-        held=[],
-        held_attempts=[],
-        worker_id="w-sweeper",
-        lease_ttl=30.0,
-        sweep=True,
-        sweep_lock_key=q.SWEEP_LOCK_KEY,
-    )
+    await tick(conn, "w-sweeper", sweep=True)
     assert await conn.fetchval("SELECT status FROM taskfleet.tasks WHERE id = $1", first) == (
         "pending"
     )

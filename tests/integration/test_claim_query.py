@@ -558,7 +558,10 @@ async def test_unrunnable_counts_pending_tasks_no_alive_worker_knows(
     conn: asyncpg.Connection,
 ) -> None:
     async def unknown() -> int:
-        rows = {r["reason"]: int(r["tasks"]) for r in await run(conn, q.task_unrunnable_counts)}
+        rows = {
+            r["reason"]: int(r["tasks"])
+            for r in await run(conn, q.metrics_unrunnable, limit=10_001)
+        }
         assert set(rows) == {"unknown_type", "missing_tags"}
         return rows["unknown_type"]
 

@@ -99,25 +99,21 @@ async def test_live_leases_and_unswept_ticks_rescue_nothing(conn: asyncpg.Connec
     assert (await task_row(conn, live))["status"] == "running"
 
 
-async def test_a_worker_refreshes_the_expired_leases_it_holds_instead_of_sweeping_them(
+async def test_a_worker_keeps_the_tasks_it_holds_by_heartbeating_not_by_rewriting_them(
     conn: asyncpg.Connection,
 ) -> None:
     task_id = await insert_task(conn)
     assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
-    await expire_leases(conn, [task_id])
+    await expire_leases(conn, [task_id])  # the claim's lease is past, A fell silent
 
+    # A beats again, naming the task: neither its own sweep nor another worker's takes it, and
+    # the task row is not rewritten (its lease is A's heartbeat).
     rows = await tick(conn, "A", held=[task_id], sweep=True, inflight=1, lease_ttl=45.0)
     assert of_kind(rows, "rescued") == []
+    assert of_kind(await tick(conn, "B", sweep=True), "rescued") == []
     row = await task_row(conn, task_id)
     assert (row["status"], row["worker_id"], row["attempts"]) == ("running", "A", 1)
-    # Renewed to about now() + 45 s on the database clock (a later statement reads it, so
-    # compare with slack rather than equality).
-    ahead = await conn.fetchval(
-        "SELECT lease_expires_at > now() + interval '40 seconds' FROM taskfleet.tasks "
-        "WHERE id = $1",
-        task_id,
-    )
-    assert ahead is True
+    assert row["lease_expires_at"] < await conn.fetchval("SELECT now()")
 
 
 async def test_rows_left_under_a_worker_id_it_no_longer_holds_are_rescued_by_itself(
@@ -140,28 +136,58 @@ async def test_rows_left_under_a_worker_id_it_no_longer_holds_are_rescued_by_its
     assert (await task_row(conn, current))["status"] == "running"
 
 
-async def test_heartbeat_renews_only_the_leases_it_names_and_owns(
+async def test_a_heartbeat_vouches_only_for_the_tasks_it_names_and_owns(
     conn: asyncpg.Connection,
 ) -> None:
     a_task, b_task = await insert_tasks(conn, [NewTask(), NewTask()])
     assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [a_task]
     assert await claim_ids(conn, worker_id="B", groups=[(None, 1)]) == [b_task]
     await expire_leases(conn, [a_task, b_task])
-    await conn.execute(
-        "UPDATE taskfleet.workers SET last_heartbeat = now() - interval '1 hour' WHERE id = 'A'"
-    )
 
-    # A names B's task too (a stale id): the owner guard keeps it out.
+    # A names B's task too (a stale id): the owner guard keeps it out, and B is silent, so a
+    # sweep rescues B's task and keeps A's.
     await tick(conn, "A", held=[a_task, b_task], inflight=1, strict_inflight=1)
-    expired = await conn.fetch(
-        "SELECT id FROM taskfleet.tasks WHERE lease_expires_at < now() ORDER BY id"
-    )
-    assert [r["id"] for r in expired] == [b_task]
+    rows = await tick(conn, "A", held=[a_task, b_task], sweep=True, inflight=1)
+    assert of_kind(rows, "rescued") == [(b_task, "pending")]
+    assert (await task_row(conn, a_task))["status"] == "running"
     worker = await conn.fetchrow(
         "SELECT inflight, strict_inflight, last_heartbeat > now() - interval '1 minute' AS beat "
         "FROM taskfleet.workers WHERE id = 'A'"
     )
-    assert dict(worker) == {"inflight": 1, "strict_inflight": 1, "beat": True}
+    assert dict(worker) == {"inflight": 1, "strict_inflight": 0, "beat": True}
+
+
+async def test_a_worker_silent_for_a_lease_loses_its_tasks_to_another_sweeper(
+    conn: asyncpg.Connection,
+) -> None:
+    task_id = await insert_task(conn)
+    assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+        task_id,
+    )
+    # Claimed more than a lease ago, but A beat a moment ago: not expired.
+    await tick(conn, "A", held=[task_id])
+    assert of_kind(await tick(conn, "B", sweep=True), "rescued") == []
+    # A's last beat is older than the sweeper's lease: expired.
+    await conn.execute(
+        "UPDATE taskfleet.workers SET last_heartbeat = now() - interval '31 seconds' WHERE id = 'A'"
+    )
+    assert of_kind(await tick(conn, "B", sweep=True, lease_ttl=30.0), "rescued") == [
+        (task_id, "pending")
+    ]
+
+
+async def test_the_tasks_of_a_worker_whose_row_is_gone_are_rescued(
+    conn: asyncpg.Connection,
+) -> None:
+    task_id = await insert_task(conn)
+    assert await claim_ids(conn, worker_id="gone", groups=[(None, 1)]) == [task_id]
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+        task_id,
+    )
+    assert of_kind(await tick(conn, "B", sweep=True), "rescued") == [(task_id, "pending")]
 
 
 async def test_a_held_sweep_lock_makes_other_sweepers_skip(database_url: str) -> None:
@@ -579,14 +605,48 @@ async def test_an_earlier_attempts_outcome_cannot_finish_a_later_attempt(
     ]
 
 
-async def test_the_heartbeat_renews_only_the_attempt_it_holds(conn: asyncpg.Connection) -> None:
+async def test_the_heartbeat_vouches_only_for_the_attempt_it_holds(
+    conn: asyncpg.Connection,
+) -> None:
     task_id = await insert_task(conn, NewTask(max_attempts=3))
     assert await claim_ids(conn, worker_id="A", groups=[(None, 1)]) == [task_id]
     await expire_leases(conn, [task_id])
-    # Holding attempt 0 (not the one running) renews nothing: the lease stays expired.
-    await tick(conn, "A", held=[task_id], held_attempts=[0])
-    row = await task_row(conn, task_id)
-    assert row["lease_expires_at"] < await conn.fetchval("SELECT now()")
-    await tick(conn, "A", held=[task_id], held_attempts=[1])
-    row = await task_row(conn, task_id)
-    assert row["lease_expires_at"] > await conn.fetchval("SELECT now()")
+    # Holding attempt 1 (the one running) keeps it.
+    assert (
+        of_kind(await tick(conn, "A", held=[task_id], held_attempts=[1], sweep=True), "rescued")
+        == []
+    )
+    # Holding attempt 0 (not the one running) does not: A's own sweep rescues its attempt 1.
+    rows = await tick(conn, "A", held=[task_id], held_attempts=[0], sweep=True)
+    assert of_kind(rows, "rescued") == [(task_id, "pending")]
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded writes: a running task's lease is its worker's heartbeat
+# --------------------------------------------------------------------------------------------
+
+
+async def _task_updates(conn: asyncpg.Connection) -> int:
+    # This backend's counters reach the shared statistics when its next transaction ends.
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    return int(
+        await conn.fetchval(
+            "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'taskfleet.tasks'::regclass"
+        )
+    )
+
+
+async def test_a_heartbeat_writes_no_task_row_however_many_tasks_run(
+    conn: asyncpg.Connection,
+) -> None:
+    ids = await insert_tasks(conn, [NewTask() for _ in range(5)])
+    assert sorted(await claim_ids(conn, worker_id="A", groups=[(None, 5)])) == sorted(ids)
+    before = await _task_updates(conn)
+    for _ in range(3):
+        rows = await tick(conn, "A", held=ids, sweep=True, inflight=5)
+        assert of_kind(rows, "rescued") == []
+    assert await _task_updates(conn) == before
+    assert {r["status"] for r in (await conn.fetch("SELECT status FROM taskfleet.tasks"))} == {
+        "running"
+    }

@@ -315,6 +315,7 @@ async def test_events_arrive_as_they_happen_not_when_the_stream_ends(
             "alive_workers": 4,
             "applied_workers": 3,
             "lagging": ["fake"],
+            "excluded": [],
         }
         await fake_worker.go_stale()
         events = await stream.rest()
@@ -322,6 +323,69 @@ async def test_events_arrive_as_they_happen_not_when_the_stream_ends(
     assert_event_order(events)
     assert events[-2]["alive_workers"] == 3 and events[-2]["lagging"] == []
     assert events[-1]["event"] == "converged" and events[-1]["version"] == version
+
+
+async def test_a_worker_left_out_is_named_and_the_convergence_time_has_one_answer(
+    client: httpx.AsyncClient,
+    fleet: list[Worker],
+    fake_worker: FakeWorker,
+    conn: asyncpg.Connection,
+) -> None:
+    # The fake's heartbeat simply stops (interval 1 s: it expires 3 s later), as a stalled
+    # process's does: no ACK and no notification says so. With listenTimeout and notifyInterval
+    # far above the stream's timeout, only the update task's look at the expiry decides in time.
+    body = {"defaultWeight": 2, "requestID": "expiring", "listenTimeout": "600s"}
+    body["notifyInterval"] = "600s"
+    async with put_stream(client, body, params={"timeout": "20"}) as stream:
+        assert (await stream.next())["event"] == "enqueued"
+        await stream.until(lambda e: e["event"] == "progress" and e["lagging"] == ["fake"])
+        await fake_worker.stop_beating()
+        events = await stream.rest()
+    assert_event_order(events)
+    final = events[-1]
+    left_out = [{"id": "fake", "reason": "heartbeat expired"}]
+    assert final["event"] == "converged" and final["excluded"] == left_out, events
+
+    # One number and one list, wherever they are reported: the request document, the update
+    # task's stored result, and the histogram and counter of the worker that ran it.
+    doc = await wait_for_outcome(client, "expiring")
+    assert (doc["final"], doc["excluded"]) == (final, left_out)
+    result = json.loads(
+        await conn.fetchval(
+            "SELECT result::text FROM taskfleet.tasks WHERE id = $1", events[0]["task_id"]
+        )
+    )
+    assert (result["seconds"], result["excluded"]) == (final["seconds"], left_out)
+
+    def total(name: str, **labels: str) -> float:
+        return sum(w.metrics_registry.get_sample_value(name, labels) or 0.0 for w in fleet)
+
+    assert total("anclax_runtime_config_convergence_seconds_count") == 1
+    assert total("anclax_runtime_config_convergence_seconds_sum") == final["seconds"]
+    excluded = "taskfleet_runtime_config_excluded_workers_total"
+    assert total(excluded, reason="heartbeat expired") == 1
+
+
+async def test_the_outcome_does_not_wait_for_the_regrouping(
+    client: httpx.AsyncClient, fleet: list[Worker], database_url: str
+) -> None:
+    # A transaction open across the change holds the re-grouping back (an insert in it may
+    # have read the old labels); the change's outcome, the update task's result, must not wait.
+    async with contextlib.AsyncExitStack() as stack:
+        racer = await db.connect(database_url)
+        stack.push_async_callback(racer.close)
+        transaction = racer.transaction()
+        await transaction.start()
+        stack.push_async_callback(transaction.rollback)
+        await racer.execute("SELECT txid_current()")
+        async with put_stream(client, {"labelWeights": {"a": 2}}, params={"timeout": "20"}) as s:
+            events = await s.rest()
+        assert events[-1]["event"] == "converged", events
+        waiting = await racer.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'taskfleet-regroup'"
+            " AND datname = current_database()"
+        )
+        assert waiting == 1  # still re-grouping in the background, after the outcome
 
 
 async def test_sse_sends_each_event_as_an_event_and_data_pair(
@@ -368,7 +432,12 @@ async def test_application_json_answers_one_document_with_the_outcome(
     assert doc["seconds"] >= 0
     assert isinstance(doc["task_id"], int)
     assert_event_order(doc["events"])
-    assert doc["events"][-1] == {"event": "converged", "version": 1, "seconds": doc["seconds"]}
+    assert doc["events"][-1] == {
+        "event": "converged",
+        "version": 1,
+        "seconds": doc["seconds"],
+        "excluded": [],
+    }
 
 
 async def test_wait_false_answers_202_then_status_and_watch_reattach(
@@ -626,6 +695,7 @@ async def test_a_timeout_names_the_lagging_worker_and_the_task_goes_on(
         "version": version,
         "lagging": ["fake"],
         "alive_workers": 4,
+        "excluded": [],
     }
 
     # The config task goes on after the stream gave up; it converges once the fake is gone.
@@ -667,12 +737,14 @@ async def test_with_no_alive_worker_the_stream_says_so_and_times_out(
         "alive_workers": 0,
         "applied_workers": 0,
         "lagging": [],
+        "excluded": [],
     }
     assert events[2] == {
         "event": "timeout",
         "version": None,
         "lagging": [],
         "alive_workers": 0,
+        "excluded": [],
         "reason": NO_ALIVE_WORKER,
     }
     # Enqueued all the same: the first worker to come up will run it.

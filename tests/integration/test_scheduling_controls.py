@@ -131,7 +131,7 @@ async def test_a_tagged_and_an_untagged_worker_share_only_what_both_can_run(
         # have run the gpu tasks first) and leaves the rest pending, counted as unrunnable.
         await kit.wait_tasks(conn, anywhere, {"completed"})
         assert {r["status"] for r in (await kit.task_rows(conn, gpu)).values()} == {"pending"}
-        unrunnable = await kit.run_query(conn, kit.queries.task_unrunnable_counts)
+        unrunnable = await kit.run_query(conn, kit.queries.metrics_unrunnable, limit=10_001)
         assert {r["reason"]: r["tasks"] for r in unrunnable}["missing_tags"] == 6
         async with fleet(database_url, {"worker_id": "w-gpu", "worker_tags": ["gpu", "eu"]}):
             more = await kit.submit(conn, "kit.count", [{"key": k, "i": 20 + i} for i in range(6)])

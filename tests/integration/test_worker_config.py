@@ -13,6 +13,13 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from taskfleet.shared import protocol, queries
+from taskfleet.shared.policy.convergence import (
+    DRAINING,
+    HEARTBEAT_EXPIRED,
+    OFFLINE,
+    Excluded,
+    view_from_row,
+)
 from taskfleet.worker.worker import Worker
 from tests.integration import workerkit as kit
 from tests.pg import with_database
@@ -283,3 +290,44 @@ async def test_a_retried_update_request_writes_one_version(database_url: str) ->
         assert row1["status"] == row2["status"] == "completed"
         assert row1["result"]["version"] == row2["result"]["version"] == worker.applied_version
         assert await conn.fetchval("SELECT count(*) FROM taskfleet.worker_runtime_configs") == 1
+
+
+async def test_the_workers_left_out_are_those_alive_after_the_version_and_behind_it(
+    database_url: str,
+) -> None:
+    """``runtime_config_convergence``: a worker that stopped counting (heartbeat expired,
+    draining, offline) after the version was written and had not applied it is named with its
+    reason; one long gone, or one that applied it, is not."""
+    async with kit.connect(database_url) as conn:
+        await conn.execute(
+            "INSERT INTO taskfleet.worker_runtime_configs (request_id, payload, created_at)"
+            " VALUES ('r', '{}', now() - interval '10 seconds')"
+        )
+        # (id, status, heartbeat seconds ago (interval 1 s: alive for 3 s), applied version)
+        for worker_id, status, ago, applied in (
+            ("alive-behind", "online", 0, 0),
+            ("alive-applied", "online", 0, 1),
+            ("stalled", "online", 5, 0),
+            ("draining", "draining", 1, 0),
+            ("stopped", "offline", 8, 0),
+            ("stalled-applied", "online", 5, 1),
+            ("long-gone", "online", 3600, 0),
+        ):
+            await conn.execute(
+                "INSERT INTO taskfleet.workers (id, hostname, pid, concurrency, status,"
+                " last_heartbeat, heartbeat_interval, applied_config_version)"
+                " VALUES ($1, 'h', 1, 1, $2, now() - make_interval(secs => $3), 1, $4)",
+                worker_id,
+                status,
+                float(ago),
+                applied,
+            )
+        sql, args = queries.runtime_config_convergence.positional({"version": 1})
+        view = view_from_row(1, await conn.fetchrow(sql, *args))
+    assert (view.alive_workers, view.applied_workers, view.lagging) == (2, 1, ("alive-behind",))
+    assert view.excluded == (
+        Excluded("draining", DRAINING),
+        Excluded("stalled", HEARTBEAT_EXPIRED),
+        Excluded("stopped", OFFLINE),
+    )
+    assert view.lagging_expire_in is not None and 2 < view.lagging_expire_in <= 3

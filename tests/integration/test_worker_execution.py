@@ -165,8 +165,12 @@ async def test_an_outcome_the_database_refuses_blocks_neither_the_others_nor_the
             " lease_expires_at = now() + interval '1 minute' WHERE id = ANY($1::bigint[])",
             [bad, good],
         )
-        worker.outcomes.put(Outcome(bad, 1, "completed", result='{"text": "a\\u0000b"}'))
-        worker.outcomes.put(Outcome(good, 1, "completed", result='{"fine": true}'))
+        worker.outcomes.put(
+            Outcome(bad, 1, "completed", result='{"text": "a\\u0000b"}', type="demo.echo")
+        )
+        worker.outcomes.put(
+            Outcome(good, 1, "completed", result='{"fine": true}', type="demo.echo")
+        )
         rows = await kit.wait_tasks(conn, [bad, good])
         assert rows[good]["status"] == "completed"
         assert rows[good]["result"] == {"fine": True}

@@ -228,7 +228,9 @@ async def test_a_drain_lets_a_claim_in_flight_finish_and_loses_nothing_it_carrie
                     [carried, other],
                 )
                 # The finish loop takes the first outcome and waits on its row...
-                worker.outcomes.put(Outcome(other, 1, "completed", result='{"n": 1}'))
+                worker.outcomes.put(
+                    Outcome(other, 1, "completed", result='{"n": 1}', type="demo.echo")
+                )
                 await kit.wait_until(
                     lambda: _waits_on_a_lock(conn, "taskfleet-worker-io"), "the finish waits"
                 )
@@ -238,7 +240,9 @@ async def test_a_drain_lets_a_claim_in_flight_finish_and_loses_nothing_it_carrie
                     "INSERT INTO taskfleet.tasks (type, payload, priority, max_attempts)"
                     " VALUES ('demo.echo', '{\"value\": 3}', 5, 1) RETURNING id"
                 )
-                worker.outcomes.put(Outcome(carried, 1, "completed", result='{"n": 2}'))
+                worker.outcomes.put(
+                    Outcome(carried, 1, "completed", result='{"n": 2}', type="demo.echo")
+                )
                 worker.claim_loop.on_task_ready(None, control=False)
                 await kit.wait_until(
                     lambda: _waits_on_a_lock(conn, "taskfleet-worker-claim"), "the claim waits"
@@ -279,7 +283,7 @@ async def test_readiness_needs_a_claim_loop_that_makes_progress(database_url: st
                     "SELECT 1 FROM taskfleet.tasks WHERE id = $1 FOR UPDATE", held
                 )
                 worker.outcomes.claim_pending = True
-                worker.outcomes.put(Outcome(held, 1, "completed", result="{}"))
+                worker.outcomes.put(Outcome(held, 1, "completed", result="{}", type="demo.echo"))
                 worker.claim_loop.hint_work()
                 await kit.wait_until(
                     lambda: _waits_on_a_lock(conn, "taskfleet-worker-claim"), "the claim waits"

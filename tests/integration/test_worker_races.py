@@ -97,7 +97,10 @@ async def test_a_cancel_before_an_attempts_first_step_still_frees_its_slot() -> 
     slots = Slots(2, metrics)
     # Never connected: queueing an outcome does not touch the database.
     outcomes = OutcomeWriter(
-        Database("postgresql://unused/unused", "test"), "w1", on_retry_written=lambda: None
+        Database("postgresql://unused/unused", "test"),
+        "w1",
+        metrics,
+        on_retry_written=lambda: None,
     )
     executor = Executor(
         registry=kit.make_registry(),
@@ -156,11 +159,15 @@ async def test_a_slow_outcome_write_does_not_cost_the_other_tasks_their_leases(
                 await kit.wait_until(
                     lambda: _db_time_passed(conn, since, 3 * lease_ttl), "three lease TTLs"
                 )
-                # B's lease was renewed all along, though A's write is stuck.
+                # B's lease, the worker's heartbeat, went on all along, though A's write is
+                # stuck: B is still running and would not be swept.
                 row = await conn.fetchrow(
-                    "SELECT status, lease_expires_at > now() AS live FROM taskfleet.tasks"
-                    " WHERE id = $1",
+                    "SELECT t.status,"
+                    " w.last_heartbeat > now() - make_interval(secs => $2::float8) AS live"
+                    " FROM taskfleet.tasks t JOIN taskfleet.workers w ON w.id = t.worker_id"
+                    " WHERE t.id = $1",
                     b,
+                    lease_ttl,
                 )
                 assert (row["status"], row["live"]) == ("running", True)
             gate_b.open.set()

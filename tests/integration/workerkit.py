@@ -250,7 +250,7 @@ def make_registry() -> TaskRegistry:
 
 
 def worker_settings(url: str, **overrides: Any) -> WorkerSettings:
-    return WorkerSettings(database_url=url, **{**FAST_TIMERS, **overrides})
+    return WorkerSettings(**{"database_url": url, **FAST_TIMERS, **overrides})
 
 
 @dataclass

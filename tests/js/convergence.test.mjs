@@ -58,6 +58,10 @@ test("the state is not changed in place", () => {
 
 test("every outcome reads in plain words", () => {
   assert.equal(describeEvent({ event: "converged", version: 4, seconds: 0.82 }), "Converged: every alive worker runs version 4 (820 ms after it was written)");
+  assert.equal(
+    describeEvent({ event: "converged", version: 4, seconds: 0.82, excluded: [{ id: "m3", reason: "heartbeat expired" }] }),
+    "Converged: every alive worker runs version 4 (820 ms after it was written); left out: m3 (heartbeat expired)",
+  );
   assert.match(describeEvent({ event: "superseded", version: 4, superseded_by: 5 }), /^Superseded by version 5/);
   assert.match(describeEvent({ event: "timeout", version: 4, lagging: ["w2"] }), /still waiting for w2/);
   assert.equal(describeEvent({ event: "failed", error: "boom" }), "Failed: boom");

@@ -27,6 +27,7 @@ from taskfleet.cli.client import (
     TimedOut,
     VersionWritten,
     consume_config_events,
+    describe_outcome,
     heartbeat_age,
     parse_config_event,
     parse_label_limit,
@@ -38,6 +39,7 @@ from taskfleet.cli.client import (
     render_detail,
 )
 from taskfleet.cli.main import app
+from taskfleet.config_events import ExcludedWorker
 
 
 def line(**event: Any) -> str:
@@ -327,3 +329,15 @@ def test_help_never_shows_the_token() -> None:
         assert result.exit_code == 0
         assert "TASKFLEET_TOKEN" in result.output
         assert secret not in result.output
+
+
+def test_the_workers_left_out_are_parsed_and_named_in_the_outcome() -> None:
+    left_out = [{"id": "m3", "reason": "heartbeat expired"}, "junk"]
+    event = parse_config_event(line(event="converged", version=7, seconds=1.5, excluded=left_out))
+    assert event == Converged(7, 1.5, (ExcludedWorker("m3", "heartbeat expired"),))
+    assert isinstance(event, Converged)
+    assert describe_outcome(event) == (
+        0,
+        "converged: version 7 applied by every alive worker in 1.50s; "
+        "left out: m3 (heartbeat expired)",
+    )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
+import asyncpg
 import pytest
 
 import taskfleet.shared.queries as queries_module
+from taskfleet.shared import db
 from taskfleet.shared.queries import QUERIES, Query, _query
 
 _LEFTOVER_PARAM = re.compile(r"(?<![:\w]):[A-Za-z_]")
@@ -93,3 +95,21 @@ def test_expected_queries_exist() -> None:
         "runtime_config_insert",
     ):
         assert name in QUERIES
+
+
+def test_a_pooled_transaction_sets_the_session_settings_locally() -> None:
+    settings = db.session_settings(synchronous_commit=False, statement_timeout=2.5)
+    assert queries_module.transaction_begin(settings) == (
+        "BEGIN; SET LOCAL statement_timeout = '2500'; SET LOCAL synchronous_commit = 'off'"
+    )
+    assert queries_module.transaction_begin(db.session_settings()) == "BEGIN"
+    with pytest.raises(ValueError, match="not a setting name"):
+        queries_module.transaction_begin({"x; DROP TABLE t": "1"})
+
+
+def test_a_pooler_refusing_startup_parameters_is_named() -> None:
+    refusal = asyncpg.ProtocolViolationError("unsupported startup parameter: synchronous_commit")
+    message = db.pooler_refusal(refusal)
+    assert message is not None and "TASKFLEET_DATABASE_POOLER=transaction" in message
+    assert db.pooler_refusal(asyncpg.ProtocolViolationError("something else")) is None
+    assert db.pooler_refusal(OSError("refused")) is None

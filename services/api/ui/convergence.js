@@ -51,6 +51,12 @@ export function initialConvergence(requestId = null) {
   };
 }
 
+/** "; left out: m3 (heartbeat expired)" for the workers a change left out, else "". */
+function leftOut(excluded) {
+  if (!Array.isArray(excluded) || excluded.length === 0) return "";
+  return `; left out: ${excluded.map((w) => `${w.id} (${w.reason})`).join(", ")}`;
+}
+
 /** One plain-language line per event. */
 export function describeEvent(event) {
   switch (event.event) {
@@ -68,11 +74,11 @@ export function describeEvent(event) {
       return `${base} ${version}${waiting}`;
     }
     case "converged":
-      return `Converged: every alive worker runs version ${event.version} (${formatDuration(event.seconds)} after it was written)`;
+      return `Converged: every alive worker runs version ${event.version} (${formatDuration(event.seconds)} after it was written)${leftOut(event.excluded)}`;
     case "superseded":
       return `Superseded by version ${event.superseded_by} before it converged; the fleet follows the newer one`;
     case "timeout":
-      return `Stopped watching after the timeout; still waiting for ${event.lagging.join(", ") || "the update task"} (the change goes on)`;
+      return `Stopped watching after the timeout; still waiting for ${event.lagging.join(", ") || "the update task"}${leftOut(event.excluded)} (the change goes on)`;
     case "failed":
       return `Failed: ${event.error}`;
     default:

@@ -1,0 +1,44 @@
+"""An attempt's outcome is counted as the status its fenced write gave it
+(``taskfleet.worker.outcomes``): a retry or a release of a task whose cancel was requested is
+written, and counted, cancelled; an outcome the database did not write is not counted."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from taskfleet.shared.metrics import OUTCOMES, WorkerMetrics
+from taskfleet.worker.outcomes import RELEASED, Outcome, settle
+
+
+@pytest.mark.parametrize(
+    ("status", "written", "label"),
+    [
+        ("completed", "completed", "completed"),
+        ("failed", "failed", "failed"),
+        ("cancelled", "cancelled", "cancelled"),
+        ("pending", "pending", "retried"),
+        ("pending", "cancelled", "cancelled"),
+        (RELEASED, "pending", "released"),
+        (RELEASED, "cancelled", "cancelled"),
+    ],
+)
+def test_the_label_is_what_was_written(status: str, written: str, label: str) -> None:
+    assert Outcome(1, 1, status, type="demo.echo").label(written) == label
+    assert label in OUTCOMES
+
+
+def test_only_written_outcomes_are_counted_once() -> None:
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics.create(registry)
+    metrics.initialise(types=["demo.echo"], channels=[])
+    recorded: list[int] = []
+    written = Outcome(1, 1, "completed", type="demo.echo", on_written=lambda: recorded.append(1))
+    lost = Outcome(2, 1, "completed", type="demo.echo", on_written=lambda: recorded.append(2))
+    settle([written, lost], {1: "completed"}, metrics)
+
+    def count(outcome: str) -> float | None:
+        labels = {"type": "demo.echo", "outcome": outcome}
+        return registry.get_sample_value("taskfleet_task_outcomes_total", labels)
+
+    assert (count("completed"), count("failed"), recorded) == (1.0, 0.0, [1])
