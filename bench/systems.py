@@ -102,6 +102,7 @@ def taskfleet_insert_params(
         "run_ats": [None] * n,
         "timeouts": [None] * n,
         "unique_keys": [None] * n,
+        "requires": ["[]"] * n,
         # As the API and the enqueue paths send it: the lane the tasks are in.
         "wake_hint": protocol.wake_hint([lane_for_priority(priority).value]),
     }

@@ -244,6 +244,11 @@ class ApiMetrics:
     queue_depth: Gauge
     queue_oldest: Gauge
     queue_unrunnable: Gauge
+    queue_paused: Gauge
+    label_in_flight: Gauge
+    label_max_in_flight: Gauge
+    label_rate: Gauge
+    label_tokens: Gauge
     workers_alive: Gauge
     config_latest_version: Gauge
     config_applied_workers: Gauge
@@ -274,8 +279,39 @@ class ApiMetrics:
             queue_unrunnable=Gauge(
                 "taskfleet_queue_unrunnable_tasks",
                 "Pending tasks no alive worker can run, by reason (unknown_type: no alive "
-                "worker has a handler for the type).",
+                "worker has a handler for the type; missing_tags: no alive worker has every tag "
+                "the task requires).",
                 ["reason"],
+                registry=r,
+            ),
+            queue_paused=Gauge(
+                "taskfleet_queue_paused_tasks",
+                "Pending tasks held by the runtime config's pausedLabels, pausedTypes or "
+                "pausedLanes (not counted in the oldest ready age).",
+                registry=r,
+            ),
+            label_in_flight=Gauge(
+                "taskfleet_label_limit_in_flight",
+                "Running tasks counted under a fleet-wide label limit (labelLimits), by label.",
+                ["label"],
+                registry=r,
+            ),
+            label_max_in_flight=Gauge(
+                "taskfleet_label_limit_max_in_flight",
+                "A label's fleet-wide maxInFlight (labelLimits), by label.",
+                ["label"],
+                registry=r,
+            ),
+            label_rate=Gauge(
+                "taskfleet_label_limit_rate_per_second",
+                "A label's fleet-wide ratePerSecond (labelLimits), by label.",
+                ["label"],
+                registry=r,
+            ),
+            label_tokens=Gauge(
+                "taskfleet_label_limit_tokens",
+                "Tokens in a rate-limited label's bucket now (at most one second's worth).",
+                ["label"],
                 registry=r,
             ),
             workers_alive=Gauge(

@@ -73,7 +73,8 @@ def _query(name: str, sql: str) -> Query:
 _TASK_COLUMNS = """
     t.id, t.type, t.payload, t.status, t.priority, t.weight, t.labels, t.attempts,
     t.max_attempts, t.run_after, t.timeout, t.created_at, t.started_at, t.finished_at,
-    t.worker_id, t.lease_expires_at, t.result, t.last_error, t.unique_key, t.cancel_requested
+    t.worker_id, t.lease_expires_at, t.result, t.last_error, t.unique_key, t.cancel_requested,
+    t.requires
 """
 
 _ALIVE = (
@@ -105,14 +106,20 @@ task_insert_batch = _query(
     -- returned in submission order and deduplicated rows told apart from inserted ones.
     input AS (
         SELECT nextval(pg_get_serial_sequence('taskfleet.tasks', 'id')) AS id, i.*,
-               ARRAY(SELECT jsonb_array_elements_text(CAST(i.labels AS jsonb))) AS label_array
+               ARRAY(SELECT jsonb_array_elements_text(CAST(i.labels AS jsonb))) AS label_array,
+               -- Stored sorted and without duplicates (a set of tags).
+               ARRAY(SELECT DISTINCT r.tag
+                     FROM jsonb_array_elements_text(CAST(COALESCE(i.requires, '[]') AS jsonb))
+                          AS r(tag)
+                     ORDER BY r.tag) AS requires_array
         FROM unnest(
             CAST(:types AS text[]), CAST(:payloads AS text[]), CAST(:priorities AS int[]),
             CAST(:weights AS int[]), CAST(:labels AS text[]), CAST(:max_attempts AS int[]),
             CAST(:delays AS float8[]), CAST(:run_ats AS timestamptz[]),
-            CAST(:timeouts AS float8[]), CAST(:unique_keys AS text[])
+            CAST(:timeouts AS float8[]), CAST(:unique_keys AS text[]),
+            CAST(:requires AS text[])
         ) WITH ORDINALITY AS i(type, payload, priority, weight, labels, max_attempts,
-                                delay, run_at, timeout, unique_key, ord)
+                                delay, run_at, timeout, unique_key, requires, ord)
     ),
     -- The current grouping (configured label set), read once per statement: each row's group
     -- key is computed here by the one rule, taskfleet.task_group_key.
@@ -121,12 +128,13 @@ task_insert_batch = _query(
     inserted AS (
         INSERT INTO taskfleet.tasks AS t
             (id, type, payload, priority, weight, labels, max_attempts, run_after, timeout,
-             unique_key, group_key)
+             unique_key, group_key, requires)
         SELECT input.id, input.type, CAST(input.payload AS jsonb), input.priority,
                input.weight, input.label_array, input.max_attempts,
                COALESCE(input.run_at, now() + make_interval(secs => COALESCE(input.delay, 0))),
                input.timeout, input.unique_key,
-               taskfleet.task_group_key(input.label_array, grouping_now.labels)
+               taskfleet.task_group_key(input.label_array, grouping_now.labels),
+               input.requires_array
         FROM input CROSS JOIN grouping_now
         -- Inserted in unique_key order, whatever the submission order: concurrent batches
         -- that share keys wait on each other's keys in one order, never in a cycle.
@@ -350,19 +358,29 @@ metrics_oldest_ready = _query(
     -- The oldest :limit pending tasks by id (the order they were submitted in), through the
     -- (status, id DESC) index: the whole backlog while it is shorter than that.
     sample AS (
-        SELECT t.priority, t.group_key, t.created_at, t.run_after FROM taskfleet.tasks t
+        SELECT t.priority, t.group_key, t.created_at, t.run_after,
+               -- Paused (runtime config pausedLabels, pausedTypes, pausedLanes): waiting by
+               -- decision, which is not starvation.
+               (t.priority < {CONTROL_PRIORITY} AND (
+                    t.labels && CAST(:paused_labels AS text[])
+                    OR t.type = ANY(CAST(:paused_types AS text[]))
+                    OR ({_LANE_OF_TASK}) = ANY(CAST(:paused_lanes AS text[])))) AS paused
+        FROM taskfleet.tasks t
         WHERE t.status = 'pending'
         ORDER BY t.id
         LIMIT CAST(:limit AS int)
     )
-    -- Per lane and group: the longest a due task has waited, counted from the later of its
-    -- submission and its run_after (a run_at in the past does not make a new task look old).
+    -- Per lane and group: the longest a due task that is not paused has waited, counted from
+    -- the later of its submission and its run_after (a run_at in the past does not make a new
+    -- task look old); and the paused tasks among the sample.
     SELECT {_LANE_OF_TASK} AS lane,
            CASE WHEN t.priority = 0 THEN t.group_key ELSE '' END AS group_key,
-           CAST(EXTRACT(EPOCH FROM now() - min(GREATEST(t.created_at, t.run_after))) AS float8)
-               AS oldest_ready_seconds
+           CAST(EXTRACT(EPOCH FROM now() - min(GREATEST(t.created_at, t.run_after))
+                                           FILTER (WHERE t.run_after <= now()
+                                                   AND NOT t.paused)) AS float8)
+               AS oldest_ready_seconds,
+           count(*) FILTER (WHERE t.paused) AS paused
     FROM sample t
-    WHERE t.run_after <= now()
     GROUP BY 1, 2
     """,
 )
@@ -394,6 +412,37 @@ metrics_unrunnable = _query(
     FROM types, known
     WHERE types.type IS NOT NULL AND types.type <> '{RUNTIME_CONFIG_TASK_TYPE}'
       AND NOT (types.type = ANY(known.types))
+    UNION ALL
+    -- missing_tags: pending tasks that require tags no alive worker has all of, counted to
+    -- :limit through the index of pending tasks with requires (the alive fleet's tag sets are
+    -- few).
+    SELECT 'missing_tags', count(*)
+    FROM (SELECT 1 FROM taskfleet.tasks t
+          WHERE t.status = 'pending' AND t.requires <> '{{}}'
+            AND NOT EXISTS (
+                SELECT 1 FROM (SELECT DISTINCT w.tags FROM taskfleet.workers w
+                               WHERE {_ALIVE}) AS f
+                WHERE t.requires <@ f.tags)
+          LIMIT CAST(:limit AS int)) AS capped
+    """,
+)
+
+label_limit_stats = _query(
+    "label_limit_stats",
+    """
+    -- The fleet-wide label limits and their state (metrics, at scrape): tasks running under
+    -- each (its count less the releases not folded in yet) and the tokens in its bucket now.
+    SELECT l.label, l.max_in_flight, l.rate_per_second,
+           GREATEST(l.in_flight - (SELECT count(*) FROM taskfleet.label_limit_releases r
+                                   WHERE r.label = l.label), 0) AS in_flight,
+           CASE WHEN l.rate_per_second IS NOT NULL THEN
+               LEAST(GREATEST(l.rate_per_second, 1),
+                     l.tokens + l.rate_per_second * GREATEST(
+                         CAST(EXTRACT(EPOCH FROM now() - l.refilled_at) AS float8), 0))
+           END AS tokens
+    FROM taskfleet.label_limits l
+    WHERE l.max_in_flight IS NOT NULL OR l.rate_per_second IS NOT NULL
+    ORDER BY l.label
     """,
 )
 
@@ -537,9 +586,182 @@ _FINISH_SET = f"""
 """
 
 
-task_claim = _query(
-    "task_claim",
-    f"""
+# What every lane but control asks of a row besides its lane, readiness and order: a type this
+# worker has a handler for and that is not paused (:types), every tag the task requires among the
+# worker's (:tags), and no label the claim must leave alone (excluded: paused, or limited with
+# no room). Filters inside the lane's index range: see docs/operations.md#pause-and-resume.
+_CLAIMABLE = """t.run_after <= now() AND t.type = ANY(CAST(:types AS text[]))
+              AND t.requires <@ CAST(:tags AS text[])
+              AND NOT (t.labels && (SELECT excluded.labels FROM excluded))
+              AND (SELECT limits_off.ok FROM limits_off)"""
+
+
+# Without limits: the labels the claim leaves alone are the paused ones, and a guard stops it
+# (every lane but control) when a label limit is active in the database (limits_active): the
+# worker's config may not say so yet, and a claim without the accounting must never take a
+# limited task. The worker then claims with task_claim_limited.
+_NO_LIMIT_HEAD = """
+    excluded AS (SELECT CAST(:paused_labels AS text[]) AS labels),
+    limits_off AS (
+        SELECT NOT EXISTS (SELECT 1 FROM taskfleet.label_limits l
+                           WHERE l.max_in_flight IS NOT NULL OR l.rate_per_second IS NOT NULL)
+               AS ok
+    ),
+"""
+_NO_LIMIT_TAIL = """
+    limit_wait AS (SELECT CAST(NULL AS float8) AS seconds)
+"""
+
+_LIMIT_HEAD = """
+    -- Fleet-wide label limits (runtime config labelLimits, kept in label_limits), as this
+    -- statement's snapshot sees them, unlocked: which labels are limited, and which have no
+    -- room (running at maxInFlight, counting the releases not folded in yet; or an empty token
+    -- bucket, refilled at ratePerSecond up to one second's worth, at least 1). Only a hint
+    -- that keeps the walks off exhausted labels: the locked rows below decide.
+    limit_hint AS (
+        SELECT l.label, l.rate_per_second,
+               l.max_in_flight IS NOT NULL
+                   AND l.in_flight - (SELECT count(*) FROM taskfleet.label_limit_releases r
+                                      WHERE r.label = l.label) >= l.max_in_flight AS full,
+               CASE WHEN l.rate_per_second IS NOT NULL THEN
+                   LEAST(GREATEST(l.rate_per_second, 1),
+                         l.tokens + l.rate_per_second * GREATEST(
+                             CAST(EXTRACT(EPOCH FROM now() - l.refilled_at) AS float8), 0))
+               END AS bucket
+        FROM taskfleet.label_limits l
+        WHERE l.max_in_flight IS NOT NULL OR l.rate_per_second IS NOT NULL
+    ),
+    -- The labels this claim leaves alone: paused ones, and limited ones without room.
+    excluded AS (
+        SELECT CAST(:paused_labels AS text[])
+               || ARRAY(SELECT h.label FROM limit_hint h WHERE h.full OR h.bucket < 1)
+               AS labels
+    ),
+    limits_off AS (SELECT true AS ok),
+"""
+_LIMIT_MID = """
+    -- The limited labels among the picks. Only their limit rows are locked: a claim that took
+    -- no limited task touches no limit row.
+    picked_limited AS (
+        SELECT DISTINCT u.label
+        FROM (SELECT strict.labels FROM strict UNION ALL SELECT normal.labels FROM normal) AS p
+        CROSS JOIN LATERAL unnest(p.labels) AS u(label)
+        WHERE u.label = ANY(ARRAY(SELECT limit_hint.label FROM limit_hint))
+    ),
+    -- Their rows, locked in label order for this transaction and never waited for (SKIP
+    -- LOCKED: a row another claim holds right now means this claim leaves that label's picks
+    -- for the next one). As locked, a row is its latest committed version, whatever this
+    -- statement's snapshot: the count and bucket below are exact.
+    limit_rows AS (
+        SELECT l.label, l.max_in_flight, l.rate_per_second, l.in_flight, l.tokens, l.refilled_at
+        FROM taskfleet.label_limits l
+        WHERE l.label = ANY(ARRAY(SELECT picked_limited.label FROM picked_limited))
+          AND (l.max_in_flight IS NOT NULL OR l.rate_per_second IS NOT NULL)
+        ORDER BY l.label
+        FOR UPDATE SKIP LOCKED
+    ),
+    -- Counted tasks of those labels that left running since (written by a trigger without
+    -- touching the limit row): folded into the count here, each exactly once.
+    released AS (
+        DELETE FROM taskfleet.label_limit_releases r
+        WHERE r.label = ANY(ARRAY(SELECT limit_rows.label FROM limit_rows))
+        RETURNING r.label
+    ),
+    -- Each locked label: tasks running, tokens now, and the room this claim has. The bucket
+    -- runs on the clock read after the lock (not the transaction's start, which may be older
+    -- than the last refill), the clock the claimed rows' started_at is read from.
+    limit_state AS (
+        SELECT s.*,
+               LEAST(COALESCE(s.max_in_flight - s.running, 2147483647),
+                     COALESCE(floor(s.bucket), 2147483647)) AS room
+        FROM (
+            SELECT lr.label, lr.max_in_flight, lr.rate_per_second,
+                   GREATEST(lr.in_flight - (SELECT count(*) FROM released
+                                            WHERE released.label = lr.label), 0) AS running,
+                   (SELECT count(*) FROM released WHERE released.label = lr.label) AS freed,
+                   CASE WHEN lr.rate_per_second IS NOT NULL THEN
+                       LEAST(GREATEST(lr.rate_per_second, 1),
+                             lr.tokens + lr.rate_per_second * GREATEST(
+                                 CAST(EXTRACT(EPOCH FROM clock_timestamp() - lr.refilled_at)
+                                      AS float8), 0))
+                   END AS bucket
+            FROM limit_rows lr
+        ) AS s
+    ),
+    -- Picks left out (they stay pending): those of a limited label whose row another claim
+    -- holds, and those beyond a label's room (strict picks first, then each lane in its claim
+    -- order). A task with several limited labels must fit in the room of each.
+    over_limit AS (
+        SELECT p.id
+        FROM (SELECT strict.id, strict.labels FROM strict
+              UNION ALL SELECT normal.id, normal.labels FROM normal) AS p
+        WHERE p.labels && ARRAY(SELECT picked_limited.label FROM picked_limited
+                                EXCEPT SELECT limit_rows.label FROM limit_rows)
+        UNION
+        SELECT ranked.id FROM (
+            SELECT p.id, ls.room,
+                   row_number() OVER (PARTITION BY ls.label
+                                      ORDER BY p.lane, p.priority DESC, p.weight DESC,
+                                               p.created_at, p.id) AS nth
+            FROM (SELECT strict.id, strict.labels, 1 AS lane, strict.priority, 1 AS weight,
+                         strict.created_at FROM strict
+                  UNION ALL
+                  SELECT normal.id, normal.labels, 2, 0, normal.weight, normal.created_at
+                  FROM normal) AS p
+            JOIN limit_state ls ON ls.label = ANY(p.labels)
+        ) AS ranked
+        WHERE ranked.nth > ranked.room
+    ),
+"""
+_LIMIT_TAIL = """
+    -- The locked limit rows that changed: what this claim started and the releases it folded
+    -- in (the bucket is refilled lazily: an untouched row stays as it is).
+    limits_charged AS (
+        UPDATE taskfleet.label_limits l
+        SET in_flight = ls.running + COALESCE(taken.n, 0),
+            tokens = CASE WHEN ls.rate_per_second IS NULL THEN l.tokens
+                          ELSE ls.bucket - COALESCE(taken.n, 0) END,
+            refilled_at = CASE WHEN ls.rate_per_second IS NULL THEN l.refilled_at
+                               ELSE GREATEST(l.refilled_at, clock_timestamp()) END
+        FROM limit_state ls
+        LEFT JOIN (SELECT u.label, count(*) AS n
+                   FROM claimed CROSS JOIN LATERAL unnest(claimed.limit_labels) AS u(label)
+                   GROUP BY u.label) AS taken ON taken.label = ls.label
+        WHERE l.label = ls.label AND (taken.n IS NOT NULL OR ls.freed > 0)
+        RETURNING l.label
+    ),
+    -- When a limit held picks back: the seconds until a rate-limited label's next token (the
+    -- worker asks again then instead of at its poll interval); a row another claim held, or a
+    -- room smaller than the picks: soon.
+    limit_wait AS (
+        SELECT LEAST(
+                   (SELECT min((1 - h.bucket) / h.rate_per_second) FROM limit_hint h
+                    WHERE h.bucket < 1),
+                   (SELECT 0.05 FROM over_limit LIMIT 1)
+               ) AS seconds
+    )
+"""
+
+
+def _claim_sql(*, limited: bool) -> str:
+    """The claim statement; ``limited``: with the fleet-wide label limits' accounting."""
+    limit_head = _LIMIT_HEAD if limited else _NO_LIMIT_HEAD
+    limit_mid = _LIMIT_MID if limited else ""
+    limit_tail = _LIMIT_TAIL if limited else _NO_LIMIT_TAIL
+    limit_labels = (
+        "ARRAY(SELECT ls.label FROM limit_state ls\n"
+        "                                 WHERE ls.label = ANY(t.labels) ORDER BY ls.label)"
+        if limited
+        # Never a stale list from an earlier limited claim: it would be released twice.
+        else "'{}'"
+    )
+    limit_except = (
+        "\n                               EXCEPT SELECT id FROM over_limit" if limited else ""
+    )
+    # The limits' accounting ranks the picks by label: it needs their labels and claim order.
+    strict_columns = ", t.labels, t.priority, t.weight, t.created_at" if limited else ""
+    normal_columns = ", t.labels, t.weight, t.created_at" if limited else ""
+    return f"""
     WITH
     -- Outcomes of attempts finished since the last claim: written in this same round trip.
     finished AS (
@@ -547,8 +769,10 @@ task_claim = _query(
         {_FINISH_SET}
         RETURNING t.id, t.status
     ),
+{limit_head}
     -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
-    -- cap, into the worker's extra control slot (control_limit is 0 or 1).
+    -- cap, into the worker's extra control slot (control_limit is 0 or 1). Never paused, never
+    -- limited, never routed.
     control AS (
         SELECT t.id FROM taskfleet.tasks t
         WHERE t.status = 'pending' AND t.priority = {CONTROL_PRIORITY} AND t.run_after <= now()
@@ -561,35 +785,37 @@ task_claim = _query(
     -- Every lane takes only the types this worker has handlers for (:types): a type it does
     -- not know stays pending for a worker that does (a rolling deploy's new types).
     strict AS (
-        SELECT t.id FROM taskfleet.tasks t
+        SELECT t.id{strict_columns} FROM taskfleet.tasks t
         WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
-          AND t.run_after <= now() AND t.type = ANY(CAST(:types AS text[]))
+          AND {_CLAIMABLE}
         ORDER BY t.priority DESC, t.created_at, t.id
         LIMIT CAST(:strict_limit AS int)
         FOR UPDATE SKIP LOCKED
     ),
     -- Normal-lane quotas from the worker's weighted rotation: one row per group, its key as
-    -- stored in tasks.group_key (NULL, the default group, is '').
+    -- stored in tasks.group_key (NULL, the default group, is ''). A group whose key is an
+    -- excluded label holds only excluded tasks: skipped without reading a row.
     quota AS (
         SELECT COALESCE(q.grp, '') AS grp, q.n
         FROM unnest(CAST(:group_keys AS text[]), CAST(:group_limits AS int[])) AS q(grp, n)
         WHERE q.n > 0
+          AND NOT (ARRAY[COALESCE(q.grp, '')] && (SELECT excluded.labels FROM excluded))
     ),
     -- Normal lane: per group, its quota of tasks in (weight DESC, created_at, id) order: an
     -- index range of the group's own rows, whatever the other groups hold.
     normal AS (
-        SELECT quota.grp, picked.id
+        SELECT quota.grp, picked.*
         FROM quota
         CROSS JOIN LATERAL (
-            SELECT t.id FROM taskfleet.tasks t
+            SELECT t.id{normal_columns} FROM taskfleet.tasks t
             WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = quota.grp
-              AND t.run_after <= now() AND t.type = ANY(CAST(:types AS text[]))
+              AND {_CLAIMABLE}
             ORDER BY t.weight DESC, t.created_at, t.id
             LIMIT quota.n
             FOR UPDATE OF t SKIP LOCKED
         ) AS picked
     ),
-    -- A group that came back short: were rows skipped because another worker holds them
+{limit_mid}    -- A group that came back short: were rows skipped because another worker holds them
     -- (contended: ask again soon) or is it empty (dry until a hint)? One index probe for the
     -- first ready row this claim did not take, only for a short group (CASE evaluates lazily).
     contended AS (
@@ -604,7 +830,7 @@ task_claim = _query(
         WHERE CASE WHEN s.got < s.n THEN (
             SELECT t.id FROM taskfleet.tasks t
             WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = s.grp
-              AND t.run_after <= now() AND t.type = ANY(CAST(:types AS text[]))
+              AND {_CLAIMABLE}
               AND t.id <> ALL(ARRAY(SELECT normal.id FROM normal WHERE normal.grp = s.grp))
             ORDER BY t.weight DESC, t.created_at, t.id
             LIMIT 1
@@ -620,8 +846,7 @@ task_claim = _query(
                          OR CAST(:strict_limit AS int) > (SELECT count(*) FROM strict) THEN (
                    SELECT t.id FROM taskfleet.tasks t
                    WHERE t.status = 'pending' AND t.priority > 0
-                     AND t.priority < {CONTROL_PRIORITY} AND t.run_after <= now()
-                     AND t.type = ANY(CAST(:types AS text[]))
+                     AND t.priority < {CONTROL_PRIORITY} AND {_CLAIMABLE}
                      AND t.id <> ALL(ARRAY(SELECT id FROM strict))
                    ORDER BY t.priority DESC, t.created_at, t.id
                    LIMIT 1
@@ -639,30 +864,34 @@ task_claim = _query(
                    AS strict_contended,
                CAST(:probe_normal AS boolean) AND (
                    SELECT t.id FROM taskfleet.tasks t
-                   WHERE t.status = 'pending' AND t.priority = 0 AND t.run_after <= now()
-                     AND t.type = ANY(CAST(:types AS text[]))
+                   WHERE t.status = 'pending' AND t.priority = 0 AND {_CLAIMABLE}
                    ORDER BY t.group_key, t.weight DESC, t.created_at, t.id
                    LIMIT 1
                ) IS NOT NULL AS normal_waiting
         FROM strict_probe
     ),
-    -- Take them all: running, leased, attempt counted.
+    -- Take them all: running, leased, attempt counted, and the limited labels it counts under.
     claimed AS (
         UPDATE taskfleet.tasks t
         SET status = 'running',
             worker_id = CAST(:worker_id AS text),
             attempts = t.attempts + 1,
-            started_at = now(),
-            lease_expires_at = now() + make_interval(secs => CAST(:lease_ttl AS float8))
+            -- The clock when the rows are taken, after this statement's snapshot: later than the
+            -- finished_at of any finish whose freed slot (label limit) this claim used.
+            started_at = taken_at.now,
+            lease_expires_at = taken_at.now + make_interval(secs => CAST(:lease_ttl AS float8)),
+            limit_labels = {limit_labels}
+        FROM (SELECT clock_timestamp() AS now) AS taken_at
         -- = ANY(ARRAY(...)) makes this a primary-key lookup; a join against the picks is
         -- planned as a hash join over the whole table once it grows (measured: 15 ms at 20k).
         WHERE t.id = ANY(ARRAY(SELECT id FROM control UNION ALL SELECT id FROM strict
-                               UNION ALL SELECT id FROM normal))
+                               UNION ALL SELECT id FROM normal{limit_except}))
         RETURNING t.id, t.type, t.payload, t.priority, t.weight, t.labels, t.attempts,
-                  t.max_attempts, t.timeout, t.cancel_requested, t.group_key,
+                  t.max_attempts, t.timeout, t.cancel_requested, t.group_key, t.limit_labels,
                   CAST(EXTRACT(EPOCH FROM now() - GREATEST(t.created_at, t.run_after))
                        AS float8) AS wait_seconds
-    )
+    ),
+{limit_tail}
     -- Always one row at least, so the probe result and the written outcomes come back when
     -- nothing was claimed.
     SELECT waiting.strict_waiting, waiting.normal_waiting,
@@ -671,10 +900,16 @@ task_claim = _query(
            ARRAY(SELECT finished.status FROM finished ORDER BY finished.id)
                AS finished_statuses,
            contended.groups AS contended_groups, waiting.strict_contended,
+           CAST(limit_wait.seconds AS float8) AS limit_wait_seconds,
+           NOT (SELECT limits_off.ok FROM limits_off) AS limits_active,
            claimed.*
-    FROM waiting CROSS JOIN contended LEFT JOIN claimed ON true
-    """,
-)
+    FROM waiting CROSS JOIN contended CROSS JOIN limit_wait LEFT JOIN claimed ON true
+"""
+
+
+task_claim = _query("task_claim", _claim_sql(limited=False))
+# The same claim with the accounting of the active label limits (docs/architecture.md).
+task_claim_limited = _query("task_claim_limited", _claim_sql(limited=True))
 
 task_finish_batch = _query(
     "task_finish_batch",
@@ -828,11 +1063,11 @@ worker_register = _query(
     """
     INSERT INTO taskfleet.workers AS w
         (id, hostname, pid, concurrency, status, started_at, last_heartbeat, heartbeat_interval,
-         applied_config_version, metrics_port, task_types)
+         applied_config_version, metrics_port, task_types, tags)
     VALUES (CAST(:id AS text), CAST(:hostname AS text), CAST(:pid AS int),
             CAST(:concurrency AS int), 'online', now(), now(),
             CAST(:heartbeat_interval AS float8), CAST(:applied_config_version AS bigint),
-            CAST(:metrics_port AS int), CAST(:task_types AS text[]))
+            CAST(:metrics_port AS int), CAST(:task_types AS text[]), CAST(:tags AS text[]))
     ON CONFLICT (id) DO UPDATE SET
         hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, concurrency = EXCLUDED.concurrency,
         status = 'online', started_at = now(), last_heartbeat = now(),
@@ -840,7 +1075,7 @@ worker_register = _query(
         applied_config_version = GREATEST(w.applied_config_version,
                                           EXCLUDED.applied_config_version),
         metrics_port = EXCLUDED.metrics_port, inflight = 0, strict_inflight = 0,
-        task_types = EXCLUDED.task_types
+        task_types = EXCLUDED.task_types, tags = EXCLUDED.tags
     -- Not over a live row of another process (a second worker with the same id): then nothing
     -- is returned, and the caller refuses to start. A dead process's row is taken over.
     WHERE NOT (w.status IN ('online', 'draining')
@@ -1006,7 +1241,7 @@ worker_list = _query(
     f"""
     SELECT w.id, w.hostname, w.pid, w.concurrency, w.status, w.started_at, w.last_heartbeat,
            w.heartbeat_interval, w.applied_config_version, w.inflight, w.strict_inflight,
-           w.metrics_port, w.task_types, {_ALIVE} AS alive
+           w.metrics_port, w.task_types, w.tags, {_ALIVE} AS alive
     FROM taskfleet.workers w
     ORDER BY {_ALIVE} DESC, w.started_at DESC, w.id
     LIMIT CAST(:limit AS int)

@@ -34,6 +34,8 @@ __all__ = [
     "SCHEMA",
     "TaskStatus",
     "WorkerStatus",
+    "label_limit_releases",
+    "label_limits",
     "metadata",
     "schedules",
     "tasks",
@@ -80,6 +82,11 @@ tasks = Table(
     # The schedule and slot a periodic task was enqueued for (NULL for every other task).
     Column("schedule_name", Text, nullable=True),
     Column("schedule_slot", DateTime(timezone=True), nullable=True),
+    # The tags a worker must all have to claim the task ('{}': any worker).
+    Column("requires", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    # The limited labels the claim counted this attempt under (label_limits); released when the
+    # task leaves running.
+    Column("limit_labels", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     CheckConstraint(_in("status", TaskStatus), name="tasks_status_valid"),
     CheckConstraint("priority >= 0", name="tasks_priority_nonnegative"),
     CheckConstraint("weight >= 1", name="tasks_weight_positive"),
@@ -117,6 +124,12 @@ tasks = Table(
     ),
     # The running rows (lease sweep, heartbeat, a worker's tasks).
     Index("tasks_running_worker_idx", "worker_id", postgresql_where=text("status = 'running'")),
+    # The pending tasks that require worker tags (the missing_tags metric reads only these).
+    Index(
+        "tasks_pending_requires_idx",
+        "id",
+        postgresql_where=text("status = 'pending' AND requires <> '{}'"),
+    ),
     # unique_key is unique while the task is not finished.
     Index(
         "tasks_unique_key_idx",
@@ -168,6 +181,8 @@ workers = Table(
     Column("metrics_port", Integer, nullable=True),
     # The task types it has handlers for: it claims only those.
     Column("task_types", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    # Its tags (TASKFLEET_WORKER_TAGS): it claims only tasks whose requires are all among them.
+    Column("tags", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     CheckConstraint(_in("status", WorkerStatus), name="workers_status_valid"),
 )
 
@@ -223,4 +238,31 @@ schedules = Table(
     CheckConstraint("(cron IS NULL) <> (every IS NULL)", name="schedules_cron_or_every"),
     CheckConstraint("source IN ('api', 'code')", name="schedules_source_valid"),
     Index("schedules_next_run_idx", "next_run_at"),
+)
+
+# Fleet-wide limits per label (runtime config labelLimits), kept by a trigger on
+# worker_runtime_configs; claims lock the active rows and keep the count and the token bucket
+# (see migration 0010_controls).
+label_limits = Table(
+    "label_limits",
+    metadata,
+    Column("label", Text, primary_key=True),
+    Column("max_in_flight", Integer, nullable=True),
+    Column("rate_per_second", Double, nullable=True),
+    Column("in_flight", Integer, nullable=False, server_default=text("0")),
+    Column("tokens", Double, nullable=False, server_default=text("1")),
+    Column("refilled_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("config_version", BigInteger, nullable=False, server_default=text("0")),
+    CheckConstraint("max_in_flight >= 1", name="label_limits_max_in_flight_check"),
+    CheckConstraint("rate_per_second > 0", name="label_limits_rate_per_second_check"),
+)
+
+# A counted task that left running, written by a trigger; folded into label_limits.in_flight by
+# the next claim that holds the label's row.
+label_limit_releases = Table(
+    "label_limit_releases",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("label", Text, nullable=False),
+    Index("label_limit_releases_label_idx", "label"),
 )

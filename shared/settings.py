@@ -132,6 +132,11 @@ class WorkerSettings(CommonSettings):
         description="How long a runtime-config update task follows its version before it ends "
         "with a timeout naming the lagging workers and frees the control slot (default 300 s).",
     )
+    worker_tags: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated tags, e.g. gpu,eu (default none): the worker claims only "
+        "tasks whose requires are all among them (a task without requires runs anywhere).",
+    )
     retry_base: float = Field(default=1.0, gt=0, description="Retry backoff base (default 1 s).")
     retry_cap: float = Field(default=300.0, gt=0, description="Retry backoff cap (default 300 s).")
     retention_completed: Retention = Field(
@@ -167,6 +172,27 @@ class WorkerSettings(CommonSettings):
                 "TASKFLEET_LISTEN_DATABASE_URL at Postgres itself (or a session-mode pool)"
             )
         return self
+
+    @field_validator("worker_tags", mode="before")
+    @classmethod
+    def _split_tags(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("worker_tags")
+    @classmethod
+    def _tags_storable(cls, value: list[str]) -> list[str]:
+        for tag in value:
+            if len(tag) > 128:
+                raise ValueError(f"tag {tag[:20]!r}... is longer than 128 characters")
+            if "\x00" in tag:
+                raise ValueError("a tag must not contain a NUL character")
+            try:
+                tag.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("a tag must be valid Unicode text") from None
+        if len(value) > 100:
+            raise ValueError("at most 100 tags")
+        return sorted(set(value))
 
     @model_validator(mode="after")
     def _timers_fit_together(self) -> WorkerSettings:

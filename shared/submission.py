@@ -47,6 +47,7 @@ MAX_BIGINT = 9_223_372_036_854_775_807
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_LABELS = 32
 MAX_LABEL_LENGTH = 128
+MAX_REQUIRES = 32
 MAX_TYPE_LENGTH = 200
 MAX_UNIQUE_KEY_LENGTH = 200
 MAX_BATCH = 1000
@@ -198,6 +199,13 @@ class TaskIn(BaseModel):
     )
     max_attempts: MaxAttempts = Field(default=3, description=MAX_ATTEMPTS_DESCRIPTION)
     timeout_seconds: TimeoutSeconds | None = Field(default=None, description=TIMEOUT_DESCRIPTION)
+    requires: list[Label] = Field(
+        default_factory=list,
+        max_length=MAX_REQUIRES,
+        description=f"Worker tags (at most {MAX_REQUIRES}, each 1 to {MAX_LABEL_LENGTH} "
+        "characters): only a worker started with every one of them (TASKFLEET_WORKER_TAGS) "
+        "claims the task. Empty: any worker.",
+    )
     unique_key: UniqueKey | None = Field(
         default=None,
         description="While a task with this key is pending or running, submitting it again "
@@ -339,6 +347,7 @@ def insert_params(submissions: Sequence[Submission]) -> dict[str, Any]:
         "run_ats": [t.run_at for t in tasks],
         "timeouts": [t.timeout_seconds for t in tasks],
         "unique_keys": [t.unique_key for t in tasks],
+        "requires": [json.dumps(t.requires, ensure_ascii=False) for t in tasks],
         "wake_hint": protocol.wake_hint(lane_for_priority(t.priority).value for t in tasks),
     }
 
@@ -429,4 +438,5 @@ def task_out(row: Mapping[str, Any]) -> dict[str, Any]:
         "last_error": row["last_error"],
         "unique_key": row["unique_key"],
         "cancel_requested": row["cancel_requested"],
+        "requires": list(row["requires"]),
     }

@@ -36,6 +36,10 @@ _CONFIG_WIRE_NAMES = {
     "weights": "weights",
     "notify_interval": "notifyInterval",
     "listen_timeout": "listenTimeout",
+    "paused_labels": "pausedLabels",
+    "paused_types": "pausedTypes",
+    "paused_lanes": "pausedLanes",
+    "label_limits": "labelLimits",
 }
 
 

@@ -152,7 +152,8 @@ class Client:
         self, type: str, payload: Mapping[str, Any] | None = None, **fields: Unpack[TaskFields]
     ) -> Task:
         """Submit one task (``POST /tasks``). ``fields``: ``priority``, ``weight``, ``labels``,
-        ``delay_seconds`` or ``run_at``, ``max_attempts``, ``timeout_seconds``, ``unique_key``.
+        ``delay_seconds`` or ``run_at``, ``max_attempts``, ``timeout_seconds``, ``unique_key``,
+        ``requires`` (worker tags).
         A ``unique_key`` held by an unfinished task returns that task, ``deduplicated``."""
         return Task.model_validate(self._send(_calls.submit(type, payload, fields)))
 
@@ -281,7 +282,9 @@ class Client:
         (``enqueued``, ``version``, ``progress``, then the outcome), or call ``.result()``.
 
         ``fields``: ``max_strict_percentage``, ``default_weight``, ``label_weights`` (or
-        ``labels`` with ``weights``), ``notify_interval``, ``listen_timeout``. ``patch=False``
+        ``labels`` with ``weights``), ``notify_interval``, ``listen_timeout``,
+        ``paused_labels``, ``paused_types``, ``paused_lanes``, ``label_limits`` (label ->
+        ``{"maxInFlight": n, "ratePerSecond": r}``). ``patch=False``
         replaces the config (omitted fields take their defaults); ``patch=True`` changes only
         the given fields. ``timeout``: seconds the server follows the fleet before answering
         ``timeout``. The request is sent before this returns.

@@ -184,8 +184,8 @@ async def enqueue(
 
     ``conn``: an asyncpg ``Connection`` or a SQLAlchemy ``AsyncConnection``/``AsyncSession``.
     ``fields``: ``priority``, ``weight``, ``labels``, ``delay_seconds`` or ``run_at``,
-    ``max_attempts``, ``timeout_seconds``, ``unique_key`` (as ``POST /tasks`` takes them). A
-    ``unique_key`` held by an unfinished task returns that task with ``deduplicated=True``.
+    ``max_attempts``, ``timeout_seconds``, ``unique_key``, ``requires`` (as ``POST /tasks`` takes
+    them). A ``unique_key`` held by an unfinished task returns that task with ``deduplicated=True``.
     Raises :class:`~taskfleet.errors.InvalidRequest` or ``PayloadTooLarge`` (nothing written).
     """
     submission = _one(type, payload, fields)

@@ -60,6 +60,7 @@ class Task(_Answer):
     last_error: str | None = None
     unique_key: str | None = None
     cancel_requested: bool = False
+    requires: list[str] = []
     deduplicated: bool = False
 
     @field_validator("payload", mode="before")
@@ -89,6 +90,8 @@ class Worker(_Answer):
     inflight: int
     strict_inflight: int
     metrics_port: int | None = None
+    task_types: list[str] = []
+    tags: list[str] = []
     alive: bool
 
 
@@ -163,6 +166,7 @@ class TaskFields(TypedDict, total=False):
     max_attempts: int
     timeout_seconds: float
     unique_key: str
+    requires: list[str]
 
 
 class TaskSpec(TaskFields):

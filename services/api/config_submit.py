@@ -61,6 +61,7 @@ async def submit_config(
                 run_ats=[None],
                 timeouts=[None],
                 unique_keys=[_unique_key(request_id)],
+                requires=["[]"],
                 wake_hint=protocol.CONTROL_HINT,
             )
             if not rows[0]["deduplicated"]:

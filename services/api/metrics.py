@@ -29,7 +29,7 @@ from taskfleet.api.deps import ApiState
 from taskfleet.shared import queries as q
 from taskfleet.shared.metrics import ApiMetrics
 from taskfleet.shared.policy.lanes import Lane
-from taskfleet.shared.policy.runtime_config import config_from_payload
+from taskfleet.shared.policy.runtime_config import RuntimeConfig, config_from_payload
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ class QueueGauges:
     async def _read(self, database: Database) -> None:
         async with database.transaction() as conn:
             latest = await fetch_one(conn, q.runtime_config_latest)
-            configured = _configured_labels(latest["payload"] if latest else {})
+            config = _config(latest["payload"] if latest else {})
+            configured = sorted(config.label_weights)
             alive = await fetch_all(conn, q.runtime_config_alive_applied)
             # Every lane and configured group is a series, zero when empty: a dashboard shows
             # 0, not "no data", and an alert on depth does not go quiet when the queue drains.
@@ -111,8 +112,16 @@ class QueueGauges:
                 group_keys=[_group_key(lane, group) for lane, group in series],
                 limit=self._depth_limit + 1,
             )
-            oldest = await fetch_all(conn, q.metrics_oldest_ready, limit=self._sample_limit)
+            oldest = await fetch_all(
+                conn,
+                q.metrics_oldest_ready,
+                limit=self._sample_limit,
+                paused_labels=list(config.paused_labels),
+                paused_types=list(config.paused_types),
+                paused_lanes=list(config.paused_lanes),
+            )
             unrunnable = await fetch_all(conn, q.metrics_unrunnable, limit=self._depth_limit + 1)
+            limits = await fetch_all(conn, q.label_limit_stats)
         latest_version = int(latest["version"]) if latest else 0
         self._clear()
         labels = {(lane, _group_key(lane, group)): group for lane, group in series}
@@ -123,16 +132,29 @@ class QueueGauges:
                 depth = max(self._depth_limit, int(row["estimate"] or 0))
             self.metrics.queue_depth.labels(lane=row["lane"], group=group).set(depth)
             self.metrics.queue_oldest.labels(lane=row["lane"], group=group).set(0)
+        paused = 0
         for row in oldest:
+            paused += int(row["paused"])
             known = labels.get((row["lane"], row["group_key"]))
-            if known is not None:  # a group key no longer configured: not claimable as such
+            # A group key no longer configured is not claimable as such; a series whose sampled
+            # tasks are all paused or not due yet stays at 0.
+            if known is not None and row["oldest_ready_seconds"] is not None:
                 self.metrics.queue_oldest.labels(lane=row["lane"], group=known).set(
                     row["oldest_ready_seconds"]
                 )
+        self.metrics.queue_paused.set(paused)
         for row in unrunnable:
             self.metrics.queue_unrunnable.labels(reason=row["reason"]).set(
                 min(int(row["tasks"]), self._depth_limit)
             )
+        for row in limits:
+            label = row["label"]
+            self.metrics.label_in_flight.labels(label=label).set(row["in_flight"])
+            if row["max_in_flight"] is not None:
+                self.metrics.label_max_in_flight.labels(label=label).set(row["max_in_flight"])
+            if row["rate_per_second"] is not None:
+                self.metrics.label_rate.labels(label=label).set(row["rate_per_second"])
+                self.metrics.label_tokens.labels(label=label).set(row["tokens"])
         self.metrics.workers_alive.set(len(alive))
         self.metrics.config_latest_version.set(latest_version)
         self.metrics.config_applied_workers.set(
@@ -143,6 +165,10 @@ class QueueGauges:
         self.metrics.queue_depth.clear()
         self.metrics.queue_oldest.clear()
         self.metrics.queue_unrunnable.clear()
+        self.metrics.label_in_flight.clear()
+        self.metrics.label_max_in_flight.clear()
+        self.metrics.label_rate.clear()
+        self.metrics.label_tokens.clear()
 
     async def render(self, database: Database | None, registry: CollectorRegistry) -> bytes:
         async with self._lock:
@@ -155,14 +181,14 @@ def _group_key(lane: str, group: str) -> str:
     return group if lane == Lane.NORMAL.value and group != DEFAULT_GROUP else ""
 
 
-def _configured_labels(payload: Mapping[str, Any]) -> list[str]:
+def _config(payload: Mapping[str, Any]) -> RuntimeConfig:
     try:
-        return sorted(config_from_payload(payload).label_weights)
+        return config_from_payload(payload)
     except (ValueError, TypeError, KeyError, AttributeError):
         # A stored config is written by the update task after validation; if one is unreadable
         # anyway, the depth is still worth reporting, all in the default group.
         log.warning("metrics: the latest runtime config payload is unreadable")
-        return []
+        return RuntimeConfig()
 
 
 def install_metrics(app: FastAPI, state: ApiState) -> None:

@@ -153,6 +153,48 @@ _CONFIG_BODY: dict[str, Any] = {
                         "requestID": {"type": "string", "minLength": 1, "maxLength": 200},
                         "notifyInterval": {"type": "string", "examples": ["1s", "500ms"]},
                         "listenTimeout": {"type": "string", "examples": ["2s"]},
+                        "pausedLabels": {
+                            "type": "array",
+                            "items": {"type": "string", "minLength": 1, "maxLength": 128},
+                            "description": "A pending task carrying any of these labels is "
+                            "not claimed until the label is resumed.",
+                        },
+                        "pausedTypes": {
+                            "type": "array",
+                            "items": {"type": "string", "minLength": 1, "maxLength": 200},
+                            "description": "Task types not claimed until resumed (never "
+                            "updateWorkerRuntimeConfig).",
+                        },
+                        "pausedLanes": {
+                            "type": "array",
+                            "items": {"type": "string", "enum": ["strict", "normal"]},
+                            "description": "Whole lanes not claimed until resumed; the control "
+                            "lane can never be paused.",
+                        },
+                        "labelLimits": {
+                            "type": "object",
+                            "maxProperties": 100,
+                            "description": "Fleet-wide limits per label: running tasks "
+                            "(maxInFlight) and start rate (ratePerSecond, a token bucket of "
+                            "at most one second's worth).",
+                            "additionalProperties": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "minProperties": 1,
+                                "properties": {
+                                    "maxInFlight": {
+                                        "type": "integer",
+                                        "minimum": 1,
+                                        "maximum": 1000000,
+                                    },
+                                    "ratePerSecond": {
+                                        "type": "number",
+                                        "exclusiveMinimum": 0,
+                                        "maximum": 1000000,
+                                    },
+                                },
+                            },
+                        },
                     },
                 }
             }
@@ -195,8 +237,9 @@ async def put_runtime_config(
     """Replace the whole runtime config and follow the fleet until it converges.
 
     Body: ``maxStrictPercentage``, ``defaultWeight``, ``labels`` + ``weights`` or
-    ``labelWeights``, ``requestID``, ``notifyInterval``, ``listenTimeout``
-    (docs/reference.md#runtime-config). An omitted field takes its default.
+    ``labelWeights``, ``requestID``, ``notifyInterval``, ``listenTimeout``, ``pausedLabels``,
+    ``pausedTypes``, ``pausedLanes``, ``labelLimits`` (docs/reference.md#runtime-config). An
+    omitted field takes its default (nothing paused, no limit).
     """
     body = await _json_object(request)
     config = _normalise(body, default_max_strict_percentage=settings.default_max_strict_percentage)

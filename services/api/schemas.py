@@ -83,6 +83,9 @@ class TaskOut(BaseModel):
     last_error: str | None
     unique_key: str | None
     cancel_requested: bool
+    requires: list[str] = Field(
+        description="The worker tags a worker must all have to claim it (empty: any worker)."
+    )
 
 
 class SubmittedTask(TaskOut):
@@ -122,6 +125,10 @@ class WorkerOut(BaseModel):
     metrics_port: int | None
     task_types: list[str] = Field(
         description="The task types it has handlers for (it claims only those)."
+    )
+    tags: list[str] = Field(
+        description="Its tags (TASKFLEET_WORKER_TAGS): it claims only tasks whose requires are "
+        "all among them."
     )
     alive: bool
 

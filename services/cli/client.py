@@ -301,6 +301,41 @@ def parse_label_weight(text: str) -> tuple[str, int]:
     return label, value
 
 
+LIMIT_RULE = (
+    "must be LABEL=in_flight:N,rate:R (either part or both): N an integer >= 1, R a number > 0"
+)
+
+
+def parse_label_limit(text: str) -> tuple[str, dict[str, float | int]]:
+    """One ``--limit LABEL=in_flight:N,rate:R``, as the wire's ``maxInFlight`` and
+    ``ratePerSecond``."""
+    label, sep, spec = text.rpartition("=")
+    if not sep or not label.strip() or not spec.strip():
+        raise ValueError(f"{text!r} {LIMIT_RULE}")
+    limit: dict[str, float | int] = {}
+    for part in spec.split(","):
+        name, colon, value = part.strip().partition(":")
+        try:
+            if colon and name == "in_flight" and "maxInFlight" not in limit:
+                limit["maxInFlight"] = int(value)
+                if limit["maxInFlight"] < 1:
+                    raise ValueError
+            elif colon and name == "rate" and "ratePerSecond" not in limit:
+                limit["ratePerSecond"] = float(value)
+                if not 0 < limit["ratePerSecond"] < float("inf"):
+                    raise ValueError
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{text!r} {LIMIT_RULE}") from None
+    return label, limit
+
+
+def parse_label_limits(items: Iterable[str]) -> dict[str, dict[str, float | int]]:
+    """All ``--limit`` options as the wire's ``labelLimits``; a repeated label: last wins."""
+    return dict(parse_label_limit(item) for item in items)
+
+
 def parse_label_weights(items: Iterable[str]) -> dict[str, int]:
     """All ``--weight`` options as the wire's ``labelWeights``; a repeated label: last wins."""
     return dict(parse_label_weight(item) for item in items)
@@ -416,6 +451,14 @@ def submit(
     timeout: Annotated[
         float | None, typer.Option(help="Seconds one attempt may run (more than 0).")
     ] = None,
+    requires: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--requires",
+            metavar="TAG",
+            help="A worker tag the task needs (only workers with every one run it); repeatable.",
+        ),
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait/--no-wait", help="Wait for the task to finish, or do not.")
     ] = False,
@@ -446,6 +489,7 @@ def submit(
         "unique_key": unique_key,
         "max_attempts": max_attempts,
         "timeout_seconds": timeout,
+        "requires": requires or None,
     }
     fields: Any = {k: v for k, v in optional.items() if v is not None}
 
@@ -499,6 +543,51 @@ def config_set(
             "--weight", metavar="LABEL=N", help="A label's weight N (1 or more); repeatable."
         ),
     ] = None,
+    pause_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pause-label", metavar="LABEL", help="Pause tasks carrying LABEL; repeatable."
+        ),
+    ] = None,
+    pause_type: Annotated[
+        list[str] | None,
+        typer.Option("--pause-type", metavar="TYPE", help="Pause tasks of TYPE; repeatable."),
+    ] = None,
+    pause_lane: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pause-lane",
+            metavar="LANE",
+            help="Pause a whole lane: strict or normal (never control); repeatable.",
+        ),
+    ] = None,
+    limit: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--limit",
+            metavar="LABEL=in_flight:N,rate:R",
+            help="A fleet-wide limit on LABEL: N running at most, R starts per second; repeatable.",
+        ),
+    ] = None,
+    patch: Annotated[
+        bool,
+        typer.Option(
+            "--patch",
+            help="Change only the fields given (PATCH) instead of replacing the whole config.",
+        ),
+    ] = False,
+    resume_all: Annotated[
+        bool,
+        typer.Option(
+            "--resume-all",
+            help="Resume everything paused (empty pausedLabels, pausedTypes, pausedLanes); with "
+            "--patch the rest of the config stays.",
+        ),
+    ] = False,
+    clear_limits: Annotated[
+        bool,
+        typer.Option("--clear-limits", help="Remove every label limit (empty labelLimits)."),
+    ] = False,
     request_id: Annotated[
         str | None,
         typer.Option(help="An idempotency key: one request id is one version (default: new)."),
@@ -511,19 +600,33 @@ def config_set(
 ) -> None:
     """Replace the runtime config (PUT /runtime-config) and follow it until the fleet has it.
 
-    Omitted fields take their defaults (no --weight means no weighted labels). Exit 0 when
-    converged or superseded, 1 on timeout, failure or a lost stream, 2 for bad options.
+    Omitted fields take their defaults (no --weight means no weighted labels, no --pause-*
+    means nothing paused, no --limit means no limit); with --patch only the given fields
+    change. Exit 0 when converged or superseded, 1 on timeout, failure or a lost stream, 2 for
+    bad options.
     """
     try:
         label_weights = parse_label_weights(weight or [])
     except ValueError as exc:
         _usage_error("--weight", str(exc))
+    try:
+        label_limits = parse_label_limits(limit or [])
+    except ValueError as exc:
+        _usage_error("--limit", str(exc))
+    if resume_all and (pause_label or pause_type or pause_lane):
+        _usage_error("--resume-all", "not together with --pause-label, --pause-type, --pause-lane")
+    if clear_limits and limit:
+        _usage_error("--clear-limits", "not together with --limit")
     if not timeout > 0:
         _usage_error("--timeout", "must be greater than 0 seconds")
     fields: dict[str, Any] = {
         "max_strict_percentage": max_strict_percentage,
         "default_weight": default_weight,
         "label_weights": label_weights or None,
+        "paused_labels": [] if resume_all else (pause_label or None),
+        "paused_types": [] if resume_all else (pause_type or None),
+        "paused_lanes": [] if resume_all else (pause_lane or None),
+        "label_limits": {} if clear_limits else (label_limits or None),
     }
 
     console = Console()
@@ -534,7 +637,9 @@ def config_set(
     outcome: ConfigOutcome | None = None
     try:
         with _ReportApiErrors(url), _client(url, token) as client:
-            change = client.change_config(timeout=timeout, request_id=request_id, **fields)
+            change = client.change_config(
+                patch=patch, timeout=timeout, request_id=request_id, **fields
+            )
             with display:
                 outcome = fold_config_events(_events_until_lost(change, lost), display)
     except KeyboardInterrupt:
@@ -671,7 +776,7 @@ def worker_state(worker: Mapping[str, Any]) -> Text:
 def workers_table(rows: Iterable[object], now: datetime, *, wide: bool = False) -> Table:
     """The fleet. Narrow (the default) fits 80 columns with whole headers: ``busy`` is running
     tasks out of slots, ``strict`` the strict-lane share of them, ``config`` the applied
-    version. ``wide`` adds the host, pid, start time and metrics port."""
+    version. ``wide`` adds the host, pid, start time, metrics port and tags."""
     table = Table(title="workers", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     # A long id folds onto a second line rather than lose its end: nothing is cut short.
     table.add_column("worker", overflow="fold")
@@ -681,7 +786,7 @@ def workers_table(rows: Iterable[object], now: datetime, *, wide: bool = False) 
     table.add_column("config", justify="right", no_wrap=True)
     table.add_column("heartbeat", justify="right", no_wrap=True)
     if wide:
-        for name in ("host", "pid", "started", "metrics port"):
+        for name in ("host", "pid", "started", "metrics port", "tags"):
             table.add_column(name, no_wrap=True)
     for worker in rows:
         if not isinstance(worker, dict):
@@ -700,6 +805,7 @@ def workers_table(rows: Iterable[object], now: datetime, *, wide: bool = False) 
                 _cell(worker.get("pid")),
                 _cell(worker.get("started_at")),
                 _cell(worker.get("metrics_port")),
+                ",".join(worker.get("tags") or []) or "-",
             ]
         table.add_row(*row)
     return table

@@ -84,6 +84,13 @@ class ClaimLoop:
         self._failing = False
         #: A claim in flight longer than this is stuck (readiness).
         self.stall_after = CLAIM_STALL_SECONDS
+        #: When a fleet-wide rate limit that held work back gets its next token (clock time),
+        #: or None: the loop asks again then, not at its poll interval.
+        self._limit_retry_at: float | None = None
+        #: The config under which the database said a label limit is active although the config
+        #: has none (not applied here yet): claims use the limited statement until the next.
+        self._limits_seen_under: object | None = None
+        self._tags = list(settings.worker_tags)
 
     # ---------------------------------------------------------------- hints
 
@@ -167,6 +174,10 @@ class ClaimLoop:
                 # Delayed tasks and retries become ready without a notification.
                 self._planner.reset_dry()
                 self._last_dry_reset = now
+            elif self._limit_retry_at is not None and now >= self._limit_retry_at:
+                # A rate limit's next token is due: work it held back may be claimable now.
+                self._limit_retry_at = None
+                self._planner.reset_dry([Lane.STRICT.value, Lane.NORMAL.value])
             free = self._slots.free
             control_free = self._slots.control_inflight == 0
             if free <= 0:
@@ -196,7 +207,11 @@ class ClaimLoop:
                 if plan.probe_strict or self._strict_held_back:
                     self._slots.freed.clear()
                     events.append(self._slots.freed)
-                await self._wait_any(*events, timeout=self._settings.poll_interval)
+                timeout = self._settings.poll_interval
+                if self._limit_retry_at is not None:
+                    timeout = max(0.0, min(timeout, self._limit_retry_at - self._clock()))
+                    self._limit_retry_at = None
+                await self._wait_any(*events, timeout=timeout)
                 self._outcomes.claim_pending = True
                 self._work_hint.clear()
                 if self._named_lanes_only:
@@ -213,9 +228,13 @@ class ClaimLoop:
                 self._control_hint = False
             outcomes = self._outcomes.take_for_claim()
             self._in_flight_since = self._clock()
+            config = self._planner.config
+            # With a label limit active, the claim that keeps the limits' accounting; without,
+            # the plain one, which takes nothing limited (it answers limits_active instead).
+            limited = bool(config.label_limits) or self._limits_seen_under is config
             try:
                 rows = await self._db.fetch(
-                    queries.task_claim,
+                    queries.task_claim_limited if limited else queries.task_claim,
                     **finish_params(outcomes),
                     control_limit=plan.control,
                     strict_limit=plan.strict,
@@ -225,7 +244,9 @@ class ClaimLoop:
                     probe_normal=plan.probe_normal,
                     worker_id=self._worker_id,
                     lease_ttl=self._settings.lease_ttl,
-                    types=self._types,
+                    types=self._planner.claim_types(self._types),
+                    tags=self._tags,
+                    paused_labels=self._planner.paused_labels,
                 )
             except asyncio.CancelledError:
                 self._outcomes.put_back(outcomes)  # never drop an outcome, even now
@@ -259,6 +280,15 @@ class ClaimLoop:
                 running = self._start(row)
                 claimed[(running.lane, running.group)] += 1
             self._metrics.claim_queries.labels("claimed" if claimed else "empty").inc()
+            if rows and rows[0]["limits_active"] and not limited:
+                # The database has a limit this worker's config does not show yet: claim again
+                # at once with the accounting (nothing but control was taken; nothing is dry).
+                self._limits_seen_under = config
+                generation = -1
+                self.hint_work()
+            limit_wait = rows[0]["limit_wait_seconds"] if rows else None
+            if limit_wait is not None:
+                self._limit_retry_at = self._clock() + max(0.0, float(limit_wait))
             if plan.probe_strict:
                 self._strict_held_back = bool(rows and rows[0]["strict_waiting"])
                 if self._strict_held_back:

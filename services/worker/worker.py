@@ -401,6 +401,7 @@ class Worker:
             applied_config_version=self.applied_version,
             metrics_port=self.metrics_port,
             task_types=self.task_types,
+            tags=list(self.settings.worker_tags),
         )
         return bool(rows)
 

@@ -59,6 +59,10 @@ class ClaimPlanner:
     _rotation: SmoothWeightedRoundRobin = field(init=False)
     _configured: frozenset[str] = field(init=False)
     _configured_sorted: list[str] = field(init=False)
+    _paused_labels: list[str] = field(init=False, default_factory=list)
+    _paused_types: frozenset[str] = field(init=False, default=frozenset())
+    _paused_lanes: frozenset[str] = field(init=False, default=frozenset())
+    _paused_groups: frozenset[GroupKey] = field(init=False, default=frozenset())
     _dry_control: bool = field(init=False, default=False)
     _dry_strict: bool = field(init=False, default=False)
     _dry_groups: set[GroupKey] = field(init=False, default_factory=set)
@@ -74,6 +78,14 @@ class ClaimPlanner:
         self._configured = frozenset(config.label_weights)
         # Sorted once per config, not on every claim (it is a parameter of each claim).
         self._configured_sorted = sorted(self._configured)
+        self._paused_labels = list(config.paused_labels)
+        self._paused_types = frozenset(config.paused_types)
+        self._paused_lanes = frozenset(config.paused_lanes)
+        # A group whose key is a paused label holds only paused tasks (its key is one of each
+        # task's labels): it gets no quota at all, at no cost.
+        self._paused_groups = frozenset(
+            g for g in self._rotation.groups if g in config.paused_labels
+        )
         self.reset_dry()
 
     @property
@@ -83,6 +95,19 @@ class ClaimPlanner:
     @property
     def configured_labels(self) -> list[str]:
         return list(self._configured_sorted)
+
+    @property
+    def paused_labels(self) -> list[str]:
+        """The claim's label filter: a task carrying any of them is not claimed."""
+        return list(self._paused_labels)
+
+    def claim_types(self, types: Iterable[str]) -> list[str]:
+        """The types a claim may take: the worker's, less the paused ones (the config validation
+        never lets the control lane's type be paused)."""
+        return [t for t in types if t not in self._paused_types]
+
+    def lane_paused(self, lane: Lane) -> bool:
+        return lane.value in self._paused_lanes
 
     def reset_dry(self, lanes: Iterable[str] | None = None) -> None:
         """Something suggests new work: try the named lanes (default: all) and groups again."""
@@ -101,17 +126,31 @@ class ClaimPlanner:
         """The next claim for ``free_slots`` regular slots (and the control slot if free)."""
         control = 1 if control_free and not self._dry_control else 0
         free = max(0, free_slots)
-        strict_room = max(0, self.strict_cap - strict_inflight)
+        strict_paused = Lane.STRICT.value in self._paused_lanes
+        strict_room = 0 if strict_paused else max(0, self.strict_cap - strict_inflight)
         strict = 0 if self._dry_strict else min(free, strict_room)
-        probe = free > 0 and strict_room == 0 and not self._dry_strict
+        # A paused lane is not asked, not even probed: its work waits by decision, which is
+        # not saturation.
+        probe = free > 0 and strict_room == 0 and not self._dry_strict and not strict_paused
         normal_slots = free - strict
-        eligible = [g for g in self._rotation.groups if g not in self._dry_groups]
+        if Lane.NORMAL.value in self._paused_lanes:
+            normal_slots = 0
+        eligible = [
+            g
+            for g in self._rotation.groups
+            if g not in self._dry_groups and g not in self._paused_groups
+        ]
         groups: tuple[tuple[GroupKey, int], ...] = ()
         if normal_slots > 0 and eligible:
             # Asked, not charged: observe() charges the rotation for what the claim got.
             quotas = self._rotation.preview(normal_slots, eligible)
             groups = tuple((g, quotas[g]) for g in self._rotation.groups if g in quotas)
-        probe_normal = free > 0 and not groups and bool(eligible)
+        probe_normal = (
+            free > 0
+            and not groups
+            and bool(eligible)
+            and Lane.NORMAL.value not in self._paused_lanes
+        )
         return ClaimPlan(
             control=control,
             strict=strict,

@@ -10,6 +10,9 @@ CONTROL_PRIORITY = 2_147_483_647
 #: The task type of the runtime-config writer. Reserved: users cannot submit it.
 RUNTIME_CONFIG_TASK_TYPE = "updateWorkerRuntimeConfig"
 
+#: The control lane's wire name (it can never be paused).
+CONTROL_LANE_NAME = "control"
+
 
 class Lane(enum.StrEnum):
     CONTROL = "control"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskfleet.shared.policy.groups import GroupKey, group_weights
-from taskfleet.shared.policy.lanes import strict_cap
+from taskfleet.shared.policy.lanes import CONTROL_LANE_NAME, RUNTIME_CONFIG_TASK_TYPE, strict_cap
 from taskfleet.shared.storable import escape_text, text_problem
 
 KNOWN_FIELDS = frozenset(
@@ -28,6 +28,10 @@ KNOWN_FIELDS = frozenset(
         "requestID",
         "notifyInterval",
         "listenTimeout",
+        "pausedLabels",
+        "pausedTypes",
+        "pausedLanes",
+        "labelLimits",
     }
 )
 MAX_LABELS = 1000
@@ -35,6 +39,13 @@ MAX_LABEL_LENGTH = 128
 MAX_REQUEST_ID_LENGTH = 200
 DEFAULT_NOTIFY_INTERVAL = 1.0
 DEFAULT_LISTEN_TIMEOUT = 2.0
+#: Every claim locks each active limit row: the number of limits is what a claim pays for them.
+MAX_LABEL_LIMITS = 100
+MAX_PAUSED = 1000
+MAX_TYPE_LENGTH = 200
+MAX_RATE_PER_SECOND = 1_000_000.0
+#: The lanes that can be paused; the control lane (the config task itself) never can.
+PAUSABLE_LANES = ("normal", "strict")
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,22 @@ class RuntimeConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class LabelLimit:
+    """A fleet-wide limit on the tasks carrying one label (None: no such limit)."""
+
+    max_in_flight: int | None = None
+    rate_per_second: float | None = None
+
+    def to_payload(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.max_in_flight is not None:
+            out["maxInFlight"] = self.max_in_flight
+        if self.rate_per_second is not None:
+            out["ratePerSecond"] = self.rate_per_second
+        return out
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     """A normalised runtime config, as stored in ``worker_runtime_configs.payload``."""
 
@@ -63,6 +90,12 @@ class RuntimeConfig:
     notify_interval: float = DEFAULT_NOTIFY_INTERVAL
     listen_timeout: float = DEFAULT_LISTEN_TIMEOUT
     request_id: str = ""
+    #: Paused: tasks carrying any of these labels, of these types, or in these lanes stay
+    #: pending (sorted, no duplicates).
+    paused_labels: tuple[str, ...] = ()
+    paused_types: tuple[str, ...] = ()
+    paused_lanes: tuple[str, ...] = ()
+    label_limits: Mapping[str, LabelLimit] = field(default_factory=dict)
 
     def strict_cap(self, concurrency: int) -> int:
         return strict_cap(concurrency, self.max_strict_percentage)
@@ -79,6 +112,12 @@ class RuntimeConfig:
             "notifyInterval": format_duration(self.notify_interval),
             "listenTimeout": format_duration(self.listen_timeout),
             "requestID": self.request_id,
+            "pausedLabels": list(self.paused_labels),
+            "pausedTypes": list(self.paused_types),
+            "pausedLanes": list(self.paused_lanes),
+            "labelLimits": {
+                label: limit.to_payload() for label, limit in sorted(self.label_limits.items())
+            },
         }
 
 
@@ -158,6 +197,101 @@ def _check_weight(value: object, loc: tuple[str | int, ...], issues: list[Config
         issues.append(ConfigIssue(loc, "weight must be at most 1000000"))
         return False
     return True
+
+
+def _check_list(value: object, wire: str, issues: list[ConfigIssue]) -> list[Any] | None:
+    if not isinstance(value, list):
+        issues.append(ConfigIssue((wire,), "must be a list"))
+        return None
+    if len(value) > MAX_PAUSED:
+        issues.append(ConfigIssue((wire,), f"at most {MAX_PAUSED} entries"))
+        return None
+    return value
+
+
+def _check_type(value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]) -> bool:
+    if not isinstance(value, str) or not value.strip():
+        issues.append(ConfigIssue(loc, "task type must be a non-empty string"))
+        return False
+    if len(value) > MAX_TYPE_LENGTH:
+        issues.append(ConfigIssue(loc, f"task type must be at most {MAX_TYPE_LENGTH} characters"))
+        return False
+    if (problem := text_problem(value)) is not None:
+        issues.append(ConfigIssue(loc, f"task type must not contain {problem}"))
+        return False
+    if value == RUNTIME_CONFIG_TASK_TYPE:
+        issues.append(
+            ConfigIssue(
+                loc,
+                f"{RUNTIME_CONFIG_TASK_TYPE} is the control lane's task: it can never be paused",
+            )
+        )
+        return False
+    return True
+
+
+def _check_lane(value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]) -> bool:
+    if value == CONTROL_LANE_NAME:
+        issues.append(ConfigIssue(loc, "the control lane can never be paused"))
+        return False
+    if value not in PAUSABLE_LANES:
+        issues.append(ConfigIssue(loc, f"must be one of {', '.join(PAUSABLE_LANES)}"))
+        return False
+    return True
+
+
+def _check_label_limits(value: object, issues: list[ConfigIssue]) -> dict[str, LabelLimit] | None:
+    if not isinstance(value, Mapping):
+        issues.append(
+            ConfigIssue(("labelLimits",), "must be an object label -> {maxInFlight, ratePerSecond}")
+        )
+        return None
+    if len(value) > MAX_LABEL_LIMITS:
+        issues.append(ConfigIssue(("labelLimits",), f"at most {MAX_LABEL_LIMITS} labels"))
+        return None
+    limits: dict[str, LabelLimit] = {}
+    for label, spec in value.items():
+        loc: tuple[str | int, ...] = ("labelLimits", escape_text(str(label)))
+        if not _check_label(label, loc, issues):
+            continue
+        if not isinstance(spec, Mapping):
+            issues.append(
+                ConfigIssue(loc, "must be an object with maxInFlight and/or ratePerSecond")
+            )
+            continue
+        unknown = [k for k in spec if k not in ("maxInFlight", "ratePerSecond")]
+        for key in unknown:
+            issues.append(ConfigIssue((*loc, escape_text(str(key))), "unknown field"))
+        max_in_flight = spec.get("maxInFlight")
+        rate = spec.get("ratePerSecond")
+        ok = not unknown
+        if max_in_flight is not None and (
+            not _is_int(max_in_flight) or not 1 <= max_in_flight <= 1_000_000
+        ):
+            issues.append(ConfigIssue((*loc, "maxInFlight"), "must be an integer in [1, 1000000]"))
+            ok = False
+        if rate is not None and (
+            isinstance(rate, bool)
+            or not isinstance(rate, (int, float))
+            or not math.isfinite(rate)
+            or not 0 < rate <= MAX_RATE_PER_SECOND
+        ):
+            issues.append(
+                ConfigIssue(
+                    (*loc, "ratePerSecond"),
+                    f"must be a number greater than 0 and at most {MAX_RATE_PER_SECOND:g}",
+                )
+            )
+            ok = False
+        if max_in_flight is None and rate is None:
+            issues.append(ConfigIssue(loc, "give maxInFlight, ratePerSecond or both"))
+            ok = False
+        if ok:
+            limits[label] = LabelLimit(
+                max_in_flight=max_in_flight,
+                rate_per_second=float(rate) if rate is not None else None,
+            )
+    return limits
 
 
 def normalise_runtime_config(
@@ -262,6 +396,33 @@ def normalise_runtime_config(
         else:
             listen_timeout = seconds
 
+    paused_labels = list(base.paused_labels) if base is not None else []
+    paused_types = list(base.paused_types) if base is not None else []
+    paused_lanes = list(base.paused_lanes) if base is not None else []
+    label_limits = dict(base.label_limits) if base is not None else {}
+    if params.get("pausedLabels") is not None:
+        checked = _check_list(params["pausedLabels"], "pausedLabels", issues)
+        if checked is not None:
+            paused_labels = [
+                v for i, v in enumerate(checked) if _check_label(v, ("pausedLabels", i), issues)
+            ]
+    if params.get("pausedTypes") is not None:
+        checked = _check_list(params["pausedTypes"], "pausedTypes", issues)
+        if checked is not None:
+            paused_types = [
+                v for i, v in enumerate(checked) if _check_type(v, ("pausedTypes", i), issues)
+            ]
+    if params.get("pausedLanes") is not None:
+        checked = _check_list(params["pausedLanes"], "pausedLanes", issues)
+        if checked is not None:
+            paused_lanes = [
+                v for i, v in enumerate(checked) if _check_lane(v, ("pausedLanes", i), issues)
+            ]
+    if params.get("labelLimits") is not None:
+        checked_limits = _check_label_limits(params["labelLimits"], issues)
+        if checked_limits is not None:
+            label_limits = checked_limits
+
     request_id = params.get("requestID")
     if request_id is not None and (
         not isinstance(request_id, str)
@@ -290,6 +451,10 @@ def normalise_runtime_config(
         notify_interval=notify_interval,
         listen_timeout=listen_timeout,
         request_id=request_id,
+        paused_labels=tuple(sorted(set(paused_labels))),
+        paused_types=tuple(sorted(set(paused_types))),
+        paused_lanes=tuple(sorted(set(paused_lanes))),
+        label_limits=dict(sorted(label_limits.items())),
     )
 
 

@@ -51,6 +51,7 @@ class NewTask:
     delay: float | None = None
     timeout: float | None = None
     unique_key: str | None = None
+    requires: Sequence[str] = ()
 
 
 async def insert_tasks(conn: asyncpg.Connection, tasks: Iterable[NewTask]) -> list[int]:
@@ -69,6 +70,7 @@ async def insert_tasks(conn: asyncpg.Connection, tasks: Iterable[NewTask]) -> li
         run_ats=[None for _ in tasks],
         timeouts=[t.timeout for t in tasks],
         unique_keys=[t.unique_key for t in tasks],
+        requires=[json.dumps(list(t.requires)) for t in tasks],
         wake_hint="",
     )
     assert [r["ord"] for r in rows] == list(range(1, len(tasks) + 1))
@@ -172,13 +174,13 @@ async def claim(
     error: str | None = None,
     attempts: Sequence[int] | None = None,
     types: Sequence[str] = CLAIMABLE_TYPES,
+    tags: Sequence[str] = (),
+    paused_labels: Sequence[str] = (),
 ) -> Claim:
     await ensure_grouping(conn, configured)
     if attempts is None:
         attempts = await current_attempts(conn, [i for i, _ in outcomes])
-    rows = await run(
-        conn,
-        q.task_claim,
+    params = dict(
         **outcome_params(outcomes, error=error, attempts=attempts),
         control_limit=control,
         strict_limit=strict,
@@ -189,7 +191,14 @@ async def claim(
         worker_id=worker_id,
         lease_ttl=lease_ttl,
         types=list(types),
+        tags=sorted(tags),
+        paused_labels=list(paused_labels),
     )
+    rows = await run(conn, q.task_claim, **params)
+    if rows and rows[0]["limits_active"]:
+        # As the worker does: a label limit is active, claim with its accounting.
+        assert all(r["id"] is None or r["priority"] == CONTROL_PRIORITY for r in rows)
+        rows = await run(conn, q.task_claim_limited, **params)
     assert rows, "task_claim always returns at least one row"
     # The per-statement columns repeat on every row.
     waiting = {(r["strict_waiting"], r["normal_waiting"]) for r in rows}
@@ -210,7 +219,9 @@ async def claim_ids(conn: asyncpg.Connection, **kwargs: Any) -> list[int]:
     return (await claim(conn, **kwargs)).ids
 
 
-async def register_worker(conn: asyncpg.Connection, worker_id: str, concurrency: int = 4) -> None:
+async def register_worker(
+    conn: asyncpg.Connection, worker_id: str, concurrency: int = 4, tags: Sequence[str] = ()
+) -> None:
     await run(
         conn,
         q.worker_register,
@@ -222,6 +233,7 @@ async def register_worker(conn: asyncpg.Connection, worker_id: str, concurrency:
         applied_config_version=0,
         metrics_port=None,
         task_types=[t for t in CLAIMABLE_TYPES if t != RUNTIME_CONFIG_TASK_TYPE],
+        tags=sorted(tags),
     )
 
 

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from taskfleet.api.app import create_app
 from taskfleet.shared import db
 from taskfleet.shared import queries as q
+from taskfleet.shared.policy.runtime_config import normalise_runtime_config
 from taskfleet.shared.settings import ApiSettings
 from tests.integration.conftest import count_tasks
 from tests.pg import with_database
@@ -99,6 +100,7 @@ WIRE_FIELDS = {
     "last_error",
     "unique_key",
     "cancel_requested",
+    "requires",
 }
 
 
@@ -516,6 +518,7 @@ async def test_workers_lists_every_row_with_alive(
                 "applied_config_version": 0,
                 "metrics_port": 9100,
                 "task_types": ["demo.echo", "demo.sleep"],
+                "tags": ["eu", "gpu"] if worker_id == "w-alive" else [],
             }
         )
         await conn.execute(sql, *args)
@@ -537,6 +540,8 @@ async def test_workers_lists_every_row_with_alive(
     assert response.json()["workers"][0]["id"] == "w-alive"  # alive ones first
     assert workers["w-alive"]["concurrency"] == 4
     assert workers["w-alive"]["task_types"] == ["demo.echo", "demo.sleep"]
+    assert workers["w-alive"]["tags"] == ["eu", "gpu"]
+    assert workers["w-stale"]["tags"] == []
     assert workers["w-offline"]["status"] == "offline"
 
 
@@ -624,6 +629,55 @@ async def test_metrics_report_queue_depth_from_postgres(client: httpx.AsyncClien
     assert "taskfleet_api_database_up 1.0" in text
     # HTTP metrics from the instrumentator, on the app's own registry.
     assert 'handler="/tasks/batch"' in text
+
+
+async def test_metrics_report_paused_unrunnable_and_limited_tasks(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    config = normalise_runtime_config(
+        {
+            "pausedLabels": ["held"],
+            "pausedLanes": ["strict"],
+            "labelLimits": {"hot": {"maxInFlight": 3, "ratePerSecond": 2}},
+        }
+    )
+    sql, args = q.runtime_config_insert.positional(
+        {"request_id": config.request_id, "payload": db.dumps(config.to_payload())}
+    )
+    await conn.execute(sql, *args)
+    await conn.execute("UPDATE taskfleet.label_limits SET refilled_at = now() - interval '1 hour'")
+    await client.post(
+        "/tasks/batch",
+        json={
+            "tasks": [
+                {"type": "demo.echo", "labels": ["held"], "run_at": "2001-01-01T00:00:00Z"},
+                {"type": "demo.echo", "priority": 4},
+                {"type": "demo.echo", "requires": ["gpu"]},
+            ]
+        },
+    )
+    # The paused ones are the oldest: two hours; the gpu task one hour.
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET created_at = now() - interval '1 hour' * "
+        "CASE WHEN labels = '{held}' OR priority > 0 THEN 2 ELSE 1 END, "
+        "run_after = now() - interval '2 hours' WHERE priority < 2147483647"
+    )
+
+    text = (await client.get("/metrics")).text
+
+    assert "taskfleet_queue_paused_tasks 2.0" in text
+    assert metric(text, "taskfleet_queue_unrunnable_tasks", reason="missing_tags") == 1
+    # The paused ones are not starvation: only the gpu task (an hour old) counts as ready.
+    assert metric(text, "taskfleet_queue_oldest_ready_age_seconds", lane="strict", group="") == 0
+    oldest = metric(
+        text, "taskfleet_queue_oldest_ready_age_seconds", lane="normal", group="default"
+    )
+    assert oldest is not None and 3500 < oldest < 5000
+    assert metric(text, "taskfleet_queue_depth", lane="normal", group="default") == 2
+    assert metric(text, "taskfleet_label_limit_max_in_flight", label="hot") == 3
+    assert metric(text, "taskfleet_label_limit_in_flight", label="hot") == 0
+    assert metric(text, "taskfleet_label_limit_rate_per_second", label="hot") == 2
+    assert metric(text, "taskfleet_label_limit_tokens", label="hot") == 2
 
 
 async def test_openapi_document_describes_the_task_routes(client: httpx.AsyncClient) -> None:

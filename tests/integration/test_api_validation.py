@@ -116,6 +116,20 @@ BAD_TASKS: list[Any] = [
         echo(labels=["a\u0000b"]), ["body", "labels", 0], "invalid_text", id="label with NUL"
     ),
     pytest.param(
+        echo(requires=[f"t{i}" for i in range(33)]), ["body", "requires"], "too_long", id="33 tags"
+    ),
+    pytest.param(echo(requires=[""]), ["body", "requires", 0], "string_too_short", id="tag empty"),
+    pytest.param(
+        echo(requires=["gpu", "x" * 129]),
+        ["body", "requires", 1],
+        "string_too_long",
+        id="tag too long",
+    ),
+    pytest.param(echo(requires="gpu"), ["body", "requires"], "list_type", id="requires a string"),
+    pytest.param(
+        echo(requires=["g\u0000"]), ["body", "requires", 0], "invalid_text", id="tag with NUL"
+    ),
+    pytest.param(
         echo(delay_seconds=5, run_at="2030-01-01T00:00:00Z"),
         ["body", "run_at"],
         "mutually_exclusive",
@@ -268,10 +282,12 @@ async def test_the_limits_themselves_are_accepted(
             timeout_seconds=7 * 86400,
             unique_key="k" * 200,
             delay_seconds=0,
+            requires=[f"{i:03d}" + "t" * 125 for i in range(32)],
         ),
     )
     assert response.status_code == 201, response.text
     assert response.json()["priority"] == 2147483646
+    assert len(response.json()["requires"]) == 32
     assert await count_tasks(conn) == 1
 
 

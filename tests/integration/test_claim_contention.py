@@ -32,6 +32,8 @@ async def _claim(conn: asyncpg.Connection, **params: Any) -> list[asyncpg.Record
             "probe_strict": False,
             "probe_normal": False,
             "lease_ttl": 30.0,
+            "tags": [],
+            "paused_labels": [],
             "types": ["demo.echo", RUNTIME_CONFIG_TASK_TYPE],
             **params,
         },

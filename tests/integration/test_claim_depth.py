@@ -103,6 +103,8 @@ async def claim_buffers(conn: asyncpg.Connection, **params: Any) -> tuple[int, i
             "probe_normal": False,
             "worker_id": "w-depth",
             "lease_ttl": 30.0,
+            "tags": [],
+            "paused_labels": [],
             "types": ["demo.echo", RUNTIME_CONFIG_TASK_TYPE],
             **params,
         }

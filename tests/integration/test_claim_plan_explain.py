@@ -102,10 +102,14 @@ async def conn(seeded_url: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 async def explain(
-    conn: asyncpg.Connection, outcomes: list[Outcome] | None = None, **params: Any
+    conn: asyncpg.Connection,
+    outcomes: list[Outcome] | None = None,
+    query: q.Query = q.task_claim,
+    **params: Any,
 ) -> dict[str, Any]:
-    """The planner's plan of ``task_claim``, prepared with these parameters (not executed)."""
-    sql, args = q.task_claim.positional(
+    """The planner's plan of ``task_claim`` (or ``query``), prepared with these parameters (not
+    executed)."""
+    sql, args = query.positional(
         {
             **outcome_params(outcomes or [], error="boom"),
             "control_limit": 0,
@@ -116,6 +120,8 @@ async def explain(
             "probe_normal": False,
             "worker_id": "w-explain",
             "lease_ttl": 30.0,
+            "tags": [],
+            "paused_labels": [],
             "types": list(CLAIMABLE_TYPES),
             **params,
         }
@@ -178,6 +184,24 @@ async def test_normal_lane_claim_with_groups_uses_the_normal_claim_index(
     assert "tasks_claim_strict_idx" in indexes
 
 
+async def test_the_claim_with_label_limits_uses_the_same_indexes(
+    conn: asyncpg.Connection,
+) -> None:
+    plan = await explain(
+        conn,
+        query=q.task_claim_limited,
+        control_limit=1,
+        strict_limit=3,
+        group_keys=["a", "x", None],
+        group_limits=[5, 3, 2],
+        probe_strict=True,
+    )
+    assert_no_full_scans(plan)
+    assert {"tasks_claim_normal_idx", "tasks_claim_strict_idx"} <= {
+        index for _, index in scans_of_tasks(plan)
+    }
+
+
 async def test_strict_claim_uses_the_strict_claim_index(conn: asyncpg.Connection) -> None:
     plan = await explain(conn, strict_limit=5)
     assert_no_full_scans(plan)
@@ -227,6 +251,8 @@ async def test_the_planned_statement_claims_from_every_lane(conn: asyncpg.Connec
             "probe_normal": False,
             "worker_id": "w-explain",
             "lease_ttl": 30.0,
+            "tags": [],
+            "paused_labels": [],
             "types": list(CLAIMABLE_TYPES),
         }
     )

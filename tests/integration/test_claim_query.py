@@ -514,6 +514,7 @@ async def test_insert_batch_keeps_order_and_deduplicates_unfinished_unique_keys(
         run_ats=[None] * 4,
         timeouts=[None, 2.5, None, None],
         unique_keys=["k1", None, "k2", "k2"],
+        requires=["[]"] * 4,
         wake_hint="",
     )
     assert [(r["ord"], r["deduplicated"], r["input_unique_key"]) for r in rows] == [
@@ -557,9 +558,12 @@ async def test_unrunnable_counts_pending_tasks_no_alive_worker_knows(
     conn: asyncpg.Connection,
 ) -> None:
     async def unknown() -> int:
-        (row,) = await run(conn, q.metrics_unrunnable, limit=10_001)
-        assert row["reason"] == "unknown_type"
-        return int(row["tasks"])
+        rows = {
+            r["reason"]: int(r["tasks"])
+            for r in await run(conn, q.metrics_unrunnable, limit=10_001)
+        }
+        assert set(rows) == {"unknown_type", "missing_tags"}
+        return rows["unknown_type"]
 
     await insert_tasks(conn, [NewTask(), NewTask(type="new.kind"), NewTask(type="new.kind")])
     assert await unknown() == 3  # no alive worker at all
@@ -576,6 +580,7 @@ async def test_unrunnable_counts_pending_tasks_no_alive_worker_knows(
         applied_config_version=0,
         metrics_port=None,
         task_types=["new.kind"],
+        tags=[],
     )
     assert await unknown() == 0
     await conn.execute("UPDATE taskfleet.workers SET status = 'offline' WHERE id = 'w-new'")

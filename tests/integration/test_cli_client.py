@@ -283,7 +283,7 @@ class CannedApi:
     def starlette(self) -> Starlette:
         return Starlette(
             routes=[
-                Route("/runtime-config", self.put_runtime_config, methods=["PUT"]),
+                Route("/runtime-config", self.put_runtime_config, methods=["PUT", "PATCH"]),
                 Route("/runtime-config", self.get_runtime_config, methods=["GET"]),
                 Route("/runtime-config/requests/{request_id}", self.watch_request, methods=["GET"]),
                 Route("/workers", self.get_workers, methods=["GET"]),
@@ -393,6 +393,50 @@ def test_config_set_sends_the_body_accept_header_timeout_and_token(api: CannedAp
         "version 7: applied 2/2 workers",
         "converged: version 7 applied by every alive worker in 0.40s",
     ]
+
+
+def test_config_set_sends_pauses_and_limits(api: CannedApi) -> None:
+    result = run(
+        api,
+        "config",
+        "set",
+        "--pause-label",
+        "tenant-a",
+        "--pause-type",
+        "demo.cpu",
+        "--pause-lane",
+        "strict",
+        "--limit",
+        "hot=in_flight:3,rate:4",
+        "--patch",
+    )
+    assert result.exit_code == 0, result.output
+    [request] = api.requests
+    assert request["method"] == "PATCH"
+    body = dict(request["body"])
+    body.pop("requestID")
+    assert body == {
+        "pausedLabels": ["tenant-a"],
+        "pausedTypes": ["demo.cpu"],
+        "pausedLanes": ["strict"],
+        "labelLimits": {"hot": {"maxInFlight": 3, "ratePerSecond": 4.0}},
+    }
+
+
+def test_config_set_resume_all_and_clear_limits_send_empty_fields(api: CannedApi) -> None:
+    result = run(api, "config", "set", "--patch", "--resume-all", "--clear-limits")
+    assert result.exit_code == 0, result.output
+    [request] = api.requests
+    body = dict(request["body"])
+    body.pop("requestID")
+    assert body == {"pausedLabels": [], "pausedTypes": [], "pausedLanes": [], "labelLimits": {}}
+
+
+def test_config_set_refuses_a_bad_limit(api: CannedApi) -> None:
+    result = run(api, "config", "set", "--limit", "hot=in_flight:0")
+    assert result.exit_code == 2
+    assert "must be LABEL=in_flight:N,rate:R" in result.output
+    assert api.requests == []
 
 
 def test_config_set_tolerates_bad_lines_in_the_stream(api: CannedApi) -> None:
@@ -595,6 +639,10 @@ def test_submit_sends_only_the_given_fields_and_prints_id_and_status(api: Canned
         "4",
         "--timeout",
         "9",
+        "--requires",
+        "gpu",
+        "--requires",
+        "eu",
     )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == ["task 100 demo.sleep: pending"]
@@ -608,6 +656,7 @@ def test_submit_sends_only_the_given_fields_and_prints_id_and_status(api: Canned
         "unique_key": "k1",
         "max_attempts": 4,
         "timeout_seconds": 9.0,
+        "requires": ["gpu", "eu"],
     }
 
 

@@ -45,7 +45,8 @@ async def test_enqueue_from_psql_writes_the_row_the_api_would(
     out = psql(
         database_url,
         "SELECT taskfleet.enqueue('demo.echo', '{\"value\": 1}', priority => 5,"
-        " labels => ARRAY['sql'], max_attempts => 2, timeout_seconds => 9.5)",
+        " labels => ARRAY['sql'], max_attempts => 2, timeout_seconds => 9.5,"
+        " requires => ARRAY['gpu', 'eu', 'gpu'])",
     )
     assert out.returncode == 0, out.stderr
     task_id = int(out.stdout.strip())
@@ -54,6 +55,7 @@ async def test_enqueue_from_psql_writes_the_row_the_api_would(
     assert row["payload"] == {"value": 1}
     assert (row["priority"], row["weight"], row["labels"]) == (5, 1, ["sql"])
     assert (row["max_attempts"], row["timeout"], row["status"]) == (2, 9.5, "pending")
+    assert row["requires"] == ["eu", "gpu"]  # a set, stored sorted as the API stores it
     assert await conn.fetchval("SELECT run_after <= now() FROM taskfleet.tasks") is True
 
 
@@ -108,6 +110,8 @@ async def test_enqueue_in_sql_deduplicates_on_unique_key(
             "run_at: give delay_seconds or run_at, not both",
         ),
         ("'demo.echo', max_attempts => 0", "max_attempts: must be 1 to 100"),
+        ("'demo.echo', requires => ARRAY['']", "requires: each tag must be 1 to 128"),
+        ("'demo.echo', requires => array_fill('x'::text, ARRAY[33])", "requires: at most 32"),
         ("'demo.echo', timeout_seconds => 0", "timeout_seconds: must be more than 0"),
         (
             "'demo.echo', jsonb_build_object('blob', repeat('x', 300000))",

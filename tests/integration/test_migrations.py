@@ -33,7 +33,15 @@ from taskfleet.shared.schema import SCHEMA, TaskStatus, WorkerStatus, metadata
 from tests.pg import with_database
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = {"tasks", "workers", "worker_runtime_configs", "task_groupings", "schedules"}
+TABLES = {
+    "tasks",
+    "workers",
+    "worker_runtime_configs",
+    "task_groupings",
+    "label_limits",
+    "label_limit_releases",
+    "schedules",
+}
 
 
 async def _fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:

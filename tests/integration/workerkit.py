@@ -331,6 +331,7 @@ async def submit(
     delay: float | None = None,
     timeout: float | None = None,
     wake_hint: str = "",
+    requires: Sequence[str] = (),
 ) -> list[int]:
     """Insert tasks in one statement (one wake-up NOTIFY at commit); their ids in order.
 
@@ -355,6 +356,7 @@ async def submit(
         run_ats=[None] * n,
         timeouts=[timeout] * n,
         unique_keys=[None] * n,
+        requires=[json.dumps(list(requires))] * n,
         wake_hint=wake_hint,
     )
     assert not any(r["deduplicated"] for r in rows)

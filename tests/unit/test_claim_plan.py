@@ -445,3 +445,52 @@ def test_a_claimed_task_is_charged_to_the_group_key_it_was_claimed_under() -> No
     assert planner.classify(0, ["a"], "") == (Lane.NORMAL, None)
     assert planner.classify(0, ["b", "a"]) == (Lane.NORMAL, "a")
     assert planner.classify(5, ["a"], "a") == (Lane.STRICT, None)
+
+
+# --------------------------------------------------------------------------------------------
+# Pause (runtime config pausedLabels, pausedTypes, pausedLanes)
+
+
+def test_a_paused_strict_lane_gives_every_slot_to_the_normal_lane_and_is_not_probed() -> None:
+    planner = ClaimPlanner(
+        concurrency=4, config=normalise_runtime_config({"pausedLanes": ["strict"]})
+    )
+    plan = planner.plan(free_slots=4, strict_inflight=0, control_free=True)
+    assert (plan.control, plan.strict, plan.normal) == (1, 0, 4)
+    assert not plan.probe_strict
+
+
+def test_a_paused_normal_lane_plans_no_normal_work_and_no_probe() -> None:
+    planner = ClaimPlanner(
+        concurrency=4,
+        config=normalise_runtime_config({"pausedLanes": ["normal"], "maxStrictPercentage": 50}),
+    )
+    plan = planner.plan(free_slots=4, strict_inflight=0, control_free=False)
+    assert (plan.strict, plan.normal, plan.probe_normal) == (2, 0, False)
+
+
+def test_a_group_whose_label_is_paused_gets_no_quota() -> None:
+    config = normalise_runtime_config({"labelWeights": {"a": 3, "b": 1}, "pausedLabels": ["a"]})
+    planner = ClaimPlanner(concurrency=4, config=config)
+    plan = planner.plan(free_slots=4, strict_inflight=4, control_free=False)
+    assert "a" not in plan.group_keys and plan.normal == 4
+    assert planner.paused_labels == ["a"]
+
+
+def test_paused_types_are_left_out_of_the_claim_but_the_control_type_never() -> None:
+    planner = ClaimPlanner(
+        concurrency=4, config=normalise_runtime_config({"pausedTypes": ["demo.cpu"]})
+    )
+    assert planner.claim_types(["demo.cpu", "demo.echo", "updateWorkerRuntimeConfig"]) == [
+        "demo.echo",
+        "updateWorkerRuntimeConfig",
+    ]
+
+
+def test_resuming_brings_everything_back() -> None:
+    planner = ClaimPlanner(
+        concurrency=2, config=normalise_runtime_config({"pausedLanes": ["strict", "normal"]})
+    )
+    assert planner.plan(free_slots=2, strict_inflight=0, control_free=False).total == 0
+    planner.apply(normalise_runtime_config({}))
+    assert planner.plan(free_slots=2, strict_inflight=0, control_free=False).strict == 2

@@ -30,6 +30,8 @@ from taskfleet.cli.client import (
     describe_outcome,
     heartbeat_age,
     parse_config_event,
+    parse_label_limit,
+    parse_label_limits,
     parse_label_weight,
     parse_label_weights,
     parse_payload,
@@ -213,6 +215,43 @@ def test_parse_label_weight_states_the_rule(raw: str) -> None:
 
 def test_a_repeated_label_weight_last_wins() -> None:
     assert parse_label_weights(["a=1", "b=2", "a=3"]) == {"a": 3, "b": 2}
+
+
+@pytest.mark.parametrize(
+    ("raw", "parsed"),
+    [
+        ("hot=in_flight:5", ("hot", {"maxInFlight": 5})),
+        ("hot=rate:2.5", ("hot", {"ratePerSecond": 2.5})),
+        ("a=b=in_flight:1, rate:4", ("a=b", {"maxInFlight": 1, "ratePerSecond": 4.0})),
+    ],
+)
+def test_parse_label_limit(raw: str, parsed: tuple[str, dict[str, float]]) -> None:
+    assert parse_label_limit(raw) == parsed
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "hot",
+        "=in_flight:1",
+        "hot=",
+        "hot=in_flight:0",
+        "hot=rate:0",
+        "hot=rate:-1",
+        "hot=x:1",
+        "hot=in_flight:1.5",
+        "hot=in_flight:1,in_flight:2",
+        "hot=rate:inf",
+        "hot=rate",
+    ],
+)
+def test_parse_label_limit_states_the_rule(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"must be LABEL=in_flight:N,rate:R"):
+        parse_label_limit(raw)
+
+
+def test_a_repeated_label_limit_last_wins() -> None:
+    assert parse_label_limits(["a=rate:1", "a=in_flight:2"]) == {"a": {"maxInFlight": 2}}
 
 
 def test_parse_payload() -> None:

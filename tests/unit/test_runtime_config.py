@@ -357,6 +357,10 @@ def test_to_payload_uses_wire_names() -> None:
         "notifyInterval": "1500ms",
         "listenTimeout": "2s",
         "requestID": "r",
+        "pausedLabels": [],
+        "pausedTypes": [],
+        "pausedLanes": [],
+        "labelLimits": {},
     }
 
 
@@ -530,3 +534,68 @@ def test_a_patch_is_merged_into_the_latest_version_when_it_is_written() -> None:
         resolve_update({"requestID": "x", "patch": {"defaultWeight": 0}}, latest=latest)
     with pytest.raises(RuntimeConfigError):
         resolve_update({"requestID": "x", "patch": []}, latest=latest)
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduling controls: pause and fleet-wide label limits
+
+
+def test_pauses_are_normalised_sorted_and_without_duplicates() -> None:
+    config = normalise_runtime_config(
+        {
+            "pausedLabels": ["b", "a", "b"],
+            "pausedTypes": ["demo.cpu"],
+            "pausedLanes": ["strict", "normal", "strict"],
+        }
+    )
+    assert config.paused_labels == ("a", "b")
+    assert config.paused_types == ("demo.cpu",)
+    assert config.paused_lanes == ("normal", "strict")
+    assert config_from_payload(config.to_payload()) == config
+
+
+@pytest.mark.parametrize(
+    ("params", "loc", "rule"),
+    [
+        ({"pausedLanes": ["control"]}, ("pausedLanes", 0), "control lane can never be paused"),
+        ({"pausedTypes": ["updateWorkerRuntimeConfig"]}, ("pausedTypes", 0), "never be paused"),
+        ({"pausedLanes": ["fast"]}, ("pausedLanes", 0), "one of normal, strict"),
+        ({"pausedLabels": "a"}, ("pausedLabels",), "must be a list"),
+        ({"pausedLabels": ["a\x00"]}, ("pausedLabels", 0), "NUL"),
+        ({"labelLimits": {"a": {}}}, ("labelLimits", "a"), "maxInFlight, ratePerSecond or both"),
+        (
+            {"labelLimits": {"a": {"maxInFlight": True}}},
+            ("labelLimits", "a", "maxInFlight"),
+            "integer",
+        ),
+        (
+            {"labelLimits": {"a": {"ratePerSecond": float("nan")}}},
+            ("labelLimits", "a", "ratePerSecond"),
+            "greater than 0",
+        ),
+        (
+            {"labelLimits": {f"l{i}": {"maxInFlight": 1} for i in range(101)}},
+            ("labelLimits",),
+            "at most 100",
+        ),
+    ],
+)
+def test_every_control_rule_names_its_field(
+    params: dict[str, Any], loc: tuple[str | int, ...], rule: str
+) -> None:
+    with pytest.raises(RuntimeConfigError) as info:
+        normalise_runtime_config(params)
+    assert any(i.loc == loc and rule in i.msg for i in info.value.issues), info.value.issues
+
+
+def test_label_limits_round_trip_and_a_patch_keeps_what_it_does_not_name() -> None:
+    config = normalise_runtime_config(
+        {"labelLimits": {"b": {"ratePerSecond": 4}, "a": {"maxInFlight": 2}}, "pausedLabels": ["x"]}
+    )
+    assert config.to_payload()["labelLimits"] == {
+        "a": {"maxInFlight": 2},
+        "b": {"ratePerSecond": 4.0},
+    }
+    assert config_from_payload(config.to_payload()) == config
+    patched = normalise_runtime_config({"pausedLabels": []}, base=config)
+    assert patched.paused_labels == () and patched.label_limits == config.label_limits

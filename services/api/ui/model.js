@@ -136,7 +136,7 @@ export function formatLabelWeights(weights) {
     .join("\n");
 }
 
-/** The PUT /runtime-config body from the edit form's values; { body, errors }. */
+/** The PATCH /runtime-config body from the edit form's values; { body, errors }. */
 export function configBody({ maxStrictPercentage, defaultWeight, labelWeights, requestId }) {
   const errors = [];
   const body = {};

@@ -147,7 +147,9 @@ export default {
         // In the link first: a reload from here re-attaches to this very change.
         history.replaceState(null, "", location.pathname + buildFragment("config", { request: requestId }));
         follow(requestId, (onChunk) =>
-          ctx.api.stream("PUT", "/runtime-config", {
+          // PATCH, not PUT: the form edits the strict share and the weights; what it does not
+          // show (pauses, label limits, timers) stays as it is.
+          ctx.api.stream("PATCH", "/runtime-config", {
             query: `timeout=${WATCH_TIMEOUT_SECONDS}`,
             body: { ...body, requestID: requestId },
             onChunk,
