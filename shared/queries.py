@@ -1380,7 +1380,7 @@ runtime_config_request_task = _query(
 
 _SCHEDULE_COLUMNS = """
     s.name, s.type, s.payload, s.cron, s.every, s.timezone, s.priority, s.weight, s.labels,
-    s.max_attempts, s.timeout, s.source, s.revision, s.next_run_at, s.last_run_at,
+    s.max_attempts, s.timeout, s.requires, s.source, s.revision, s.next_run_at, s.last_run_at,
     s.last_task_id, s.created_at, s.updated_at
 """
 
@@ -1389,7 +1389,8 @@ _SCHEDULE_VALUES = """
     CAST(:name AS text), CAST(:type AS text), CAST(CAST(:payload AS text) AS jsonb),
     CAST(:cron AS text), CAST(:every AS text), CAST(:timezone AS text), CAST(:priority AS int),
     CAST(:weight AS int), CAST(:labels AS text[]), CAST(:max_attempts AS int),
-    CAST(:timeout AS float8), CAST(:source AS text), CAST(:next_run_at AS timestamptz)
+    CAST(:timeout AS float8), CAST(:requires AS text[]), CAST(:source AS text),
+    CAST(:next_run_at AS timestamptz)
 """
 
 # On a change of the definition the revision is raised (a firing computed from the old one is
@@ -1400,7 +1401,7 @@ _SCHEDULE_UPDATE = """
     type = EXCLUDED.type, payload = EXCLUDED.payload, cron = EXCLUDED.cron,
     every = EXCLUDED.every, timezone = EXCLUDED.timezone, priority = EXCLUDED.priority,
     weight = EXCLUDED.weight, labels = EXCLUDED.labels, max_attempts = EXCLUDED.max_attempts,
-    timeout = EXCLUDED.timeout, source = EXCLUDED.source,
+    timeout = EXCLUDED.timeout, requires = EXCLUDED.requires, source = EXCLUDED.source,
     revision = s.revision + 1,
     next_run_at = CASE
         WHEN (s.cron, s.every, s.timezone)
@@ -1411,17 +1412,17 @@ _SCHEDULE_UPDATE = """
 
 _SCHEDULE_DEFINITION_CHANGED = """
     (s.type, s.payload, s.cron, s.every, s.timezone, s.priority, s.weight, s.labels,
-     s.max_attempts, s.timeout, s.source)
+     s.max_attempts, s.timeout, s.requires, s.source)
     IS DISTINCT FROM
     (EXCLUDED.type, EXCLUDED.payload, EXCLUDED.cron, EXCLUDED.every, EXCLUDED.timezone,
      EXCLUDED.priority, EXCLUDED.weight, EXCLUDED.labels, EXCLUDED.max_attempts,
-     EXCLUDED.timeout, EXCLUDED.source)
+     EXCLUDED.timeout, EXCLUDED.requires, EXCLUDED.source)
 """
 
 _SCHEDULE_INSERT = """
     INSERT INTO taskfleet.schedules AS s
         (name, type, payload, cron, every, timezone, priority, weight, labels, max_attempts,
-         timeout, source, next_run_at)
+         timeout, requires, source, next_run_at)
 """
 
 database_now = _query("database_now", "SELECT now() AS now")
@@ -1508,18 +1509,18 @@ schedule_fire = _query(
           AND s.next_run_at = CAST(:due AS timestamptz)
           AND s.revision = CAST(:revision AS bigint)
         RETURNING s.name, s.type, s.payload, s.priority, s.weight, s.labels, s.max_attempts,
-                  s.timeout
+                  s.timeout, s.requires
     ),
     grouping_now AS ({_GROUPING_LATEST}),
     -- The task, keyed by (schedule, slot) under a unique index as well: a second task for a
     -- slot is never written, whatever happened to the schedules row.
     inserted AS (
         INSERT INTO taskfleet.tasks AS t
-            (id, type, payload, priority, weight, labels, max_attempts, timeout, group_key,
-             schedule_name, schedule_slot)
+            (id, type, payload, priority, weight, labels, max_attempts, timeout, requires,
+             group_key, schedule_name, schedule_slot)
         SELECT new_task.id, a.type, a.payload, a.priority, a.weight, a.labels, a.max_attempts,
-               a.timeout, taskfleet.task_group_key(a.labels, grouping_now.labels), a.name,
-               CAST(:slot AS timestamptz)
+               a.timeout, a.requires, taskfleet.task_group_key(a.labels, grouping_now.labels),
+               a.name, CAST(:slot AS timestamptz)
         FROM advanced a CROSS JOIN new_task CROSS JOIN grouping_now
         ON CONFLICT (schedule_name, schedule_slot) WHERE schedule_name IS NOT NULL DO NOTHING
         RETURNING t.id

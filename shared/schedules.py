@@ -34,6 +34,7 @@ from taskfleet.shared.submission import (
     LABELS_DESCRIPTION,
     MAX_ATTEMPTS_DESCRIPTION,
     MAX_LABELS,
+    MAX_REQUIRES,
     PRIORITY_DESCRIPTION,
     TIMEOUT_DESCRIPTION,
     WEIGHT_DESCRIPTION,
@@ -97,6 +98,13 @@ class ScheduleIn(BaseModel):
     )
     max_attempts: MaxAttempts = Field(default=3, description=MAX_ATTEMPTS_DESCRIPTION)
     timeout_seconds: TimeoutSeconds | None = Field(default=None, description=TIMEOUT_DESCRIPTION)
+    requires: list[Label] = Field(
+        default_factory=list,
+        max_length=MAX_REQUIRES,
+        description=f"Worker tags each fired task requires (at most {MAX_REQUIRES}): only a "
+        "worker started with every one of them (TASKFLEET_WORKER_TAGS) claims it. Empty: any "
+        "worker.",
+    )
 
 
 @dataclass(frozen=True)
@@ -185,6 +193,7 @@ def check_schedule(schedule: ScheduleIn, registry: TaskRegistry, loc: Loc) -> Sc
         labels=schedule.labels,
         max_attempts=schedule.max_attempts,
         timeout_seconds=schedule.timeout_seconds,
+        requires=schedule.requires,
     )
     submission = check_submission(task, registry, loc)
     return ScheduleSubmission(
@@ -209,6 +218,8 @@ def schedule_params(
         "labels": list(schedule.labels),
         "max_attempts": schedule.max_attempts,
         "timeout": schedule.timeout_seconds,
+        # A set: sorted, each tag once (as a submitted task's).
+        "requires": sorted(set(schedule.requires)),
         "source": source,
         "next_run_at": next_run_at,
     }
@@ -229,6 +240,7 @@ def schedule_out(row: Mapping[str, Any]) -> dict[str, Any]:
         "labels": list(row["labels"]),
         "max_attempts": row["max_attempts"],
         "timeout_seconds": row["timeout"],
+        "requires": list(row["requires"]),
         "source": row["source"],
         "next_run_at": row["next_run_at"],
         "last_run_at": row["last_run_at"],

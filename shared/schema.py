@@ -226,6 +226,8 @@ schedules = Table(
     Column("labels", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     Column("max_attempts", Integer, nullable=False, server_default=text("3")),
     Column("timeout", Double, nullable=True),
+    # The worker tags each fired task requires ('{}': any worker).
+    Column("requires", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     # api: PUT /schedules; code: declared by a worker's task module (an api row wins).
     Column("source", Text, nullable=False, server_default=text("'api'")),
     # Raised by every change of the definition: a firing computed from an older one is void.

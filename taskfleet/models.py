@@ -133,6 +133,7 @@ class Schedule(_Answer):
     labels: list[str]
     max_attempts: int
     timeout_seconds: float | None = None
+    requires: list[str] = []
     source: str
     next_run_at: datetime
     last_run_at: datetime | None = None
@@ -153,6 +154,7 @@ class ScheduleFields(TypedDict, total=False):
     labels: list[str]
     max_attempts: int
     timeout_seconds: float
+    requires: list[str]
 
 
 class TaskFields(TypedDict, total=False):

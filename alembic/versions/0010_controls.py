@@ -1,7 +1,7 @@
 """Scheduling controls: routing by worker tags and fleet-wide label limits.
 
 Revision ID: 0010_controls
-Revises: 0008_retention
+Revises: 0009_schedules
 Create Date: 2026-12-03
 
 - ``tasks.requires``: the tags a worker must all have to claim the task ('{}': any worker).
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0010_controls"
-down_revision: str | None = "0008_retention"
+down_revision: str | None = "0009_schedules"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -276,6 +276,8 @@ def upgrade() -> None:
     op.execute("ALTER TABLE taskfleet.tasks ADD COLUMN requires text[] NOT NULL DEFAULT '{}'")
     op.execute("ALTER TABLE taskfleet.tasks ADD COLUMN limit_labels text[] NOT NULL DEFAULT '{}'")
     op.execute("ALTER TABLE taskfleet.workers ADD COLUMN tags text[] NOT NULL DEFAULT '{}'")
+    # A periodic task's worker tags, given to every task it fires.
+    op.execute("ALTER TABLE taskfleet.schedules ADD COLUMN requires text[] NOT NULL DEFAULT '{}'")
     op.execute(
         "CREATE INDEX tasks_pending_requires_idx ON taskfleet.tasks (id) "
         "WHERE status = 'pending' AND requires <> '{}'"
@@ -330,6 +332,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE taskfleet.schedules DROP COLUMN requires")
     op.execute(f"DROP FUNCTION {_NEW_SIGNATURE}")
     op.execute(_enqueue_function(with_requires=False))
     op.execute(_COMMENT.format(signature=_OLD_SIGNATURE))

@@ -151,6 +151,7 @@ class ScheduleOut(BaseModel):
     labels: list[str]
     max_attempts: int
     timeout_seconds: float | None
+    requires: list[str]
     source: str = Field(
         description="api (PUT /schedules) or code (declared by a worker's task module)."
     )

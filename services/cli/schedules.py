@@ -202,6 +202,10 @@ def schedules_set(
     timeout: Annotated[
         float | None, typer.Option(help="Seconds one attempt may run (more than 0).")
     ] = None,
+    requires: Annotated[
+        list[str] | None,
+        typer.Option("--requires", help="A worker tag the tasks need; repeat for more."),
+    ] = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
@@ -229,6 +233,7 @@ def schedules_set(
         "labels": label or None,
         "max_attempts": max_attempts,
         "timeout_seconds": timeout,
+        "requires": requires or None,
     }
     fields: Any = {k: v for k, v in optional.items() if v is not None}
     with _ReportApiErrors(url), _client(url, token) as client:

@@ -248,6 +248,32 @@ async def test_one_catch_up_run_after_a_downtime(
     assert fetched["last_task_id"] == row["last_task_id"]
 
 
+async def test_a_schedules_worker_tags_go_to_every_task_it_fires(
+    client: httpx.AsyncClient, conn: asyncpg.Connection, database_url: str
+) -> None:
+    answer = await put(client, "gpu-hourly", every="1h", requires=["gpu", "eu", "gpu"])
+    assert answer.status_code == 201, answer.text
+    # A set, as a submitted task's: sorted, each tag once.
+    assert answer.json()["requires"] == ["eu", "gpu"]
+    assert (await client.get("/schedules/gpu-hourly")).json()["requires"] == ["eu", "gpu"]
+    refused = await put(client, "bad-tags", every="1h", requires=["ok", "x\u0000y"])
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][:2] == [
+        "body",
+        "requires",
+    ]
+    await conn.execute(
+        "UPDATE taskfleet.schedules SET next_run_at = now() - interval '1 second' "
+        "WHERE name = 'gpu-hourly'"
+    )
+    firing = scheduler(database_url)
+    await firing.fire_due()
+    assert firing.fired == 1
+    requires = await conn.fetchval(
+        "SELECT requires FROM taskfleet.tasks WHERE schedule_name = 'gpu-hourly'"
+    )
+    assert list(requires) == ["eu", "gpu"]
+
+
 async def test_concurrent_firings_enqueue_one_task_per_slot(
     client: httpx.AsyncClient, conn: asyncpg.Connection, database_url: str
 ) -> None:
