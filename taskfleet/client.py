@@ -50,6 +50,8 @@ __all__ = ["AsyncClient", "Client"]
 
 DEFAULT_TIMEOUT = 30.0
 USER_AGENT = "taskfleet-python"
+#: Seconds an idle connection is kept for reuse: under the API server's keep-alive (5 s).
+KEEPALIVE_SECONDS = 2.0
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -91,6 +93,9 @@ class Client:
             base_url=_check_base_url(base_url),
             headers=_headers(token),
             timeout=self._timeout,
+            # An idle connection is dropped before the API's keep-alive (uvicorn: 5 s) ends, so
+            # a request is never sent on a connection the server is closing.
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS),
             transport=transport,
         )
 
@@ -314,6 +319,9 @@ class AsyncClient:
             base_url=_check_base_url(base_url),
             headers=_headers(token),
             timeout=self._timeout,
+            # An idle connection is dropped before the API's keep-alive (uvicorn: 5 s) ends, so
+            # a request is never sent on a connection the server is closing.
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS),
             transport=transport,
         )
 

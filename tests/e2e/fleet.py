@@ -200,6 +200,9 @@ class Fleet:
             base_url=self.api_url,
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
+            # Under uvicorn's 5 s keep-alive: a test that waits longer between two requests
+            # (a metrics snapshot is up to 5 s old) never reuses a connection being closed.
+            limits=httpx.Limits(keepalive_expiry=2.0),
         )
 
     async def connect(self) -> asyncpg.Connection:
