@@ -64,7 +64,7 @@ def claim_params() -> dict[str, Any]:
         "fin_errors": [], "fin_retry_in": [],
         "control_limit": 0, "strict_limit": 0, "group_keys": [""], "group_limits": [1],
         "probe_strict": False, "probe_normal": False, "worker_id": "soak-probe",
-        "lease_ttl": 30.0, "types": ["demo.echo"],
+        "lease_ttl": 30.0, "types": ["demo.echo"], "paused_labels": [], "tags": [],
     }  # fmt: skip
 
 
