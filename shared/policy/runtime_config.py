@@ -176,17 +176,25 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_label(value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]) -> bool:
+def _check_name(
+    value: object, what: str, max_length: int, loc: tuple[str | int, ...], issues: list[ConfigIssue]
+) -> bool:
+    """A non-empty string of storable text of at most ``max_length`` characters (``what`` names
+    it in the message: "label", "task type")."""
     if not isinstance(value, str) or not value.strip():
-        issues.append(ConfigIssue(loc, "label must be a non-empty string"))
+        issues.append(ConfigIssue(loc, f"{what} must be a non-empty string"))
         return False
-    if len(value) > MAX_LABEL_LENGTH:
-        issues.append(ConfigIssue(loc, f"label must be at most {MAX_LABEL_LENGTH} characters"))
+    if len(value) > max_length:
+        issues.append(ConfigIssue(loc, f"{what} must be at most {max_length} characters"))
         return False
     if (problem := text_problem(value)) is not None:
-        issues.append(ConfigIssue(loc, f"label must not contain {problem}"))
+        issues.append(ConfigIssue(loc, f"{what} must not contain {problem}"))
         return False
     return True
+
+
+def _check_label(value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]) -> bool:
+    return _check_name(value, "label", MAX_LABEL_LENGTH, loc, issues)
 
 
 def _check_weight(value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]) -> bool:
@@ -210,14 +218,7 @@ def _check_list(value: object, wire: str, issues: list[ConfigIssue]) -> list[Any
 
 
 def _check_type(value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]) -> bool:
-    if not isinstance(value, str) or not value.strip():
-        issues.append(ConfigIssue(loc, "task type must be a non-empty string"))
-        return False
-    if len(value) > MAX_TYPE_LENGTH:
-        issues.append(ConfigIssue(loc, f"task type must be at most {MAX_TYPE_LENGTH} characters"))
-        return False
-    if (problem := text_problem(value)) is not None:
-        issues.append(ConfigIssue(loc, f"task type must not contain {problem}"))
+    if not _check_name(value, "task type", MAX_TYPE_LENGTH, loc, issues):
         return False
     if value == RUNTIME_CONFIG_TASK_TYPE:
         issues.append(
