@@ -80,6 +80,8 @@ class ClaimLoop:
         self._resumed = asyncio.Event()
         #: When the claim statement in flight was sent (None: none in flight).
         self._in_flight_since: float | None = None
+        #: Resolved when the claim in flight returns (None: none in flight).
+        self._in_flight_done: asyncio.Future[None] | None = None
         #: The last claim failed (cleared by the next that succeeds).
         self._failing = False
         #: A claim in flight longer than this is stuck (readiness).
@@ -147,6 +149,14 @@ class ClaimLoop:
             self._paused = None
             self._resumed.set()
             self.hint_anywhere()
+
+    async def settled(self) -> None:
+        """Return once the claim in flight now (planned under the config it was planned with)
+        has returned; at once when none is. A config is applied only then: after its ACK, no
+        claim planned before it can still start work it pauses or limits."""
+        done = self._in_flight_done
+        if done is not None:
+            await asyncio.shield(done)
 
     def problem(self) -> str | None:
         """Why the loop is not making progress, or None (for /readyz)."""
@@ -228,12 +238,14 @@ class ClaimLoop:
                 self._control_hint = False
             outcomes = self._outcomes.take_for_claim()
             self._in_flight_since = self._clock()
+            done = self._in_flight_done = asyncio.get_running_loop().create_future()
             config = self._planner.config
             # With a label limit active, the claim that keeps the limits' accounting; without,
             # the plain one, which takes nothing limited (it answers limits_active instead).
             limited = bool(config.label_limits) or self._limits_seen_under is config
             try:
-                rows = await self._db.fetch(
+                rows = await self._claim(
+                    done,
                     queries.task_claim_limited if limited else queries.task_claim,
                     **finish_params(outcomes),
                     control_limit=plan.control,
@@ -306,6 +318,16 @@ class ClaimLoop:
                 shortfall_trusted=generation == self._hint_generation,
             )
             self._slots.publish()
+
+    async def _claim(
+        self, done: asyncio.Future[None], query: queries.Query, **params: object
+    ) -> list[asyncpg.Record]:
+        """Send one claim; ``done`` resolves when it returns, whatever the outcome."""
+        try:
+            return await self._db.fetch(query, **params)
+        finally:
+            self._in_flight_done = None
+            done.set_result(None)
 
     def _start(self, row: asyncpg.Record) -> Running:
         lane, group = self._planner.classify(row["priority"], list(row["labels"]), row["group_key"])

@@ -2,15 +2,16 @@
 
 On a notification, a tick that saw a newer version, a listener reconnect, or the writer's own
 request, read the latest version; if it is newer than the applied one, swap it into the planner
-at once (one synchronous step: the claim loop never sees half a config), record it in the
-worker row (only ever raised) and acknowledge it.
+at once (one synchronous step: the claim loop never sees half a config), then, once a claim
+planned under the previous version and still in flight has returned, record it in the worker
+row (only ever raised) and acknowledge it: an acknowledged pause holds from then on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from taskfleet.shared import protocol, queries
 from taskfleet.shared.metrics import WorkerMetrics
@@ -30,12 +31,14 @@ class ConfigFollower:
         planner: ClaimPlanner,
         metrics: WorkerMetrics,
         on_applied: Callable[[], None],
+        claims_settled: Callable[[], Awaitable[None]],
     ) -> None:
         self._worker_id = worker_id
         self._db = database
         self._planner = planner
         self._metrics = metrics
         self._on_applied = on_applied
+        self._claims_settled = claims_settled
         self._lock = asyncio.Lock()
         self._refresh: asyncio.Task[None] | None = None
         self.applied_version = 0
@@ -75,7 +78,7 @@ class ConfigFollower:
             except ValueError as exc:
                 log.error("runtime config version %d is unusable (%s); kept", row["version"], exc)
                 return
-            self._apply(config, row["version"])
+            await self._apply(config, row["version"])
             if ack:
                 await self._db.fetch(
                     queries.worker_applied_config,
@@ -92,10 +95,13 @@ class ConfigFollower:
                 dict(config.label_weights) or "{}",
             )
 
-    def _apply(self, config: RuntimeConfig, version: int) -> None:
+    async def _apply(self, config: RuntimeConfig, version: int) -> None:
         self._planner.apply(config)
         # The claim counters of the groups this config names exist from now on, at zero.
         self._metrics.initialise_groups(config.label_weights)
+        # Applied (and acknowledged) only once a claim planned under the previous version and
+        # still in flight has returned: it could yet start work this version pauses or limits.
+        await self._claims_settled()
         self.applied_version = version
         self._on_applied()
         self._publish()

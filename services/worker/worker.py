@@ -146,6 +146,7 @@ class Worker:
             planner=self.planner,
             metrics=self.metrics,
             on_applied=lambda: self.claim_loop.hint_work(),
+            claims_settled=lambda: self.claim_loop.settled(),
         )
         # A thread for every slot, the control slot included: every slot can run a blocking
         # handler at once.

@@ -62,8 +62,10 @@ def _worker(database_url: str, worker_id: str) -> Worker:
         metrics_port=0,
         concurrency=2,
         poll_interval=0.2,
-        heartbeat_interval=0.2,
-        lease_ttl=1.0,
+        # Alive for 3 s after a beat: a worker slowed by a loaded machine must not drop out of
+        # the lists these tests assert (none of them waits for a real worker to expire).
+        heartbeat_interval=1.0,
+        lease_ttl=3.0,
         sweep_interval=0.5,
         runtime_config_poll_interval=0.5,
         drain_timeout=0.5,

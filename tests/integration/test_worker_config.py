@@ -20,6 +20,7 @@ from taskfleet.shared.policy.convergence import (
     Excluded,
     view_from_row,
 )
+from taskfleet.shared.policy.lanes import Lane
 from taskfleet.worker.worker import Worker
 from tests.integration import workerkit as kit
 from tests.pg import with_database
@@ -89,6 +90,51 @@ async def test_a_notified_version_is_applied_recorded_and_acknowledged(database_
         await kit.wait_task(conn, task_id, {"completed"})
         assert worker.applied_version == v2
         assert worker.planner.strict_cap == 4
+
+
+async def test_a_version_is_acknowledged_only_after_the_claim_in_flight_returns(
+    database_url: str,
+) -> None:
+    # A claim planned under the old version and still in flight could start work the new one
+    # pauses: the worker swaps the new version into its planner at once, but records and
+    # acknowledges it only once that claim has returned.
+    async with (
+        kit.connect(database_url) as conn,
+        kit.connect(database_url) as locker,
+        kit.running_worker(database_url, **SLOW_TICK) as worker,
+    ):
+        # Written first (writing a version touches the tasks table), announced below.
+        v1 = await kit.insert_config(conn, "held", notify=False, pausedLanes=["strict"])
+        async with locker.transaction():
+            # Every claim now waits for this lock: the next one stays in flight.
+            await locker.execute("LOCK TABLE taskfleet.tasks IN ACCESS EXCLUSIVE MODE")
+            worker.claim_loop.hint_work()
+            await kit.wait_until(
+                lambda: conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                    " 'taskfleet-worker-claim' AND wait_event_type = 'Lock'"
+                ),
+                "a claim waiting on the lock",
+            )
+            worker.config_applied.clear()
+            await kit.notify_raw(
+                conn, protocol.CONFIG_CHANNEL, protocol.config_updated_payload("held", v1)
+            )
+            # Read and swapped into the planner (new claims are planned under it) ...
+            await kit.wait_until(
+                lambda: worker.planner.lane_paused(Lane.STRICT), "version 1 in the planner"
+            )
+            # ... but not applied, recorded or acknowledged while the old claim is out.
+            assert worker.applied_version == 0
+            assert not worker.config_applied.is_set()
+            assert (await kit.worker_row(conn, "w1"))["applied_config_version"] == 0
+        await kit.wait_event(worker.config_applied, "version 1 applied")
+        assert worker.applied_version == v1
+
+        async def recorded() -> bool:
+            return (await kit.worker_row(conn, "w1"))["applied_config_version"] == v1
+
+        await kit.wait_until(recorded, "version 1 recorded")
 
 
 async def test_the_version_at_start_up_is_applied_before_registering(database_url: str) -> None:
