@@ -112,12 +112,18 @@ task_insert_batch = _query(
                      FROM jsonb_array_elements_text(CAST(COALESCE(i.requires, '[]') AS jsonb))
                           AS r(tag)
                      ORDER BY r.tag) AS requires_array
+        -- Each array behind a scalar subquery: the planner then estimates the same rows for
+        -- every call, so a prepared statement settles on one generic plan after its first five
+        -- runs instead of being planned again on every call (0.6 ms of a 1.4 ms single-task
+        -- insert; docs/benchmarks.md, "Enqueue"). Given the arrays as constants, it sizes each
+        -- custom plan exactly and never finds the generic one cheaper.
         FROM unnest(
-            CAST(:types AS text[]), CAST(:payloads AS text[]), CAST(:priorities AS int[]),
-            CAST(:weights AS int[]), CAST(:labels AS text[]), CAST(:max_attempts AS int[]),
-            CAST(:delays AS float8[]), CAST(:run_ats AS timestamptz[]),
-            CAST(:timeouts AS float8[]), CAST(:unique_keys AS text[]),
-            CAST(:requires AS text[])
+            (SELECT CAST(:types AS text[])), (SELECT CAST(:payloads AS text[])),
+            (SELECT CAST(:priorities AS int[])), (SELECT CAST(:weights AS int[])),
+            (SELECT CAST(:labels AS text[])), (SELECT CAST(:max_attempts AS int[])),
+            (SELECT CAST(:delays AS float8[])), (SELECT CAST(:run_ats AS timestamptz[])),
+            (SELECT CAST(:timeouts AS float8[])), (SELECT CAST(:unique_keys AS text[])),
+            (SELECT CAST(:requires AS text[]))
         ) WITH ORDINALITY AS i(type, payload, priority, weight, labels, max_attempts,
                                 delay, run_at, timeout, unique_key, requires, ord)
     ),
