@@ -15,10 +15,13 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
+from sqlalchemy.util import await_only
 
 from alembic import context
+from taskfleet.shared import server_functions
 from taskfleet.shared.db import sqlalchemy_url
 from taskfleet.shared.migrations import (
+    FUNCTIONS_CREATED,
     MIGRATION_LOCK_KEY,
     REVISIONS_BEFORE,
     SCHEMA,
@@ -66,6 +69,11 @@ def _run(connection: Connection) -> None:
         if connection.execute(text("SELECT to_regnamespace(:s)"), {"s": SCHEMA}).scalar() is None:
             connection.execute(text(f"CREATE SCHEMA {SCHEMA}"))
         context.run_migrations()
+        # The pooled claim's functions for this code's statements, when missing (never a
+        # migration: one per statement text, see taskfleet.shared.server_functions).
+        config.attributes[FUNCTIONS_CREATED] = await_only(
+            server_functions.install(connection.connection.driver_connection)
+        )
 
 
 def _statement_name() -> str:

@@ -15,6 +15,8 @@ VERSION_TABLE = "alembic_version"
 MIGRATION_LOCK_KEY = 7_243_118_001
 #: Where the Alembic environment leaves the revisions it found, in the config's attributes.
 REVISIONS_BEFORE = "taskfleet.revisions_before"
+#: ... and the server-side functions it created (taskfleet.shared.server_functions).
+FUNCTIONS_CREATED = "taskfleet.functions_created"
 
 
 class UnknownRevision(OperatorError):
@@ -38,10 +40,12 @@ class UpgradeResult:
 
     before: tuple[str, ...]
     after: str
+    #: The server-side functions this run created (taskfleet.shared.server_functions).
+    functions: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
-        return self.before != (self.after,)
+        return self.before != (self.after,) or bool(self.functions)
 
 
 def script_location() -> str:
@@ -105,7 +109,8 @@ def upgrade(database_url: str, revision: str = "head") -> UpgradeResult:
     command.upgrade(config, revision)
     before = tuple(config.attributes.get(REVISIONS_BEFORE, ()))
     after = head_revision() if revision == "head" else revision
-    return UpgradeResult(before=before, after=after)
+    functions = tuple(config.attributes.get(FUNCTIONS_CREATED, ()))
+    return UpgradeResult(before=before, after=after, functions=functions)
 
 
 def downgrade(database_url: str, revision: str) -> None:

@@ -8,6 +8,7 @@ SQL; jsonb results come back as Python objects (both access paths set that codec
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -1586,3 +1587,64 @@ def server_max_connections_set(max_connections: int) -> str:
     """``ALTER SYSTEM SET max_connections`` (effective after a restart), for the embedded dev
     server. A utility statement takes no parameters, hence the literal, from an ``int`` only."""
     return f"ALTER SYSTEM SET max_connections = {int(max_connections)}"
+
+
+# --------------------------------------------------------------------------------------------
+# Server-side functions: the claim behind a transaction-mode pooler
+# --------------------------------------------------------------------------------------------
+
+#: Statements a worker behind a transaction-mode pooler runs through a PL/pgSQL function of the
+#: same text. Through a pooler nothing stays prepared, so every claim would be parsed and planned
+#: again (about 2 ms of server time for this statement); a function's plan is cached on each
+#: server connection, which the pooler keeps open. Direct connections keep the statement
+#: prepared and do not need them. Installed by ``taskfleet migrate`` (one per text: a changed
+#: statement gets a new function, and workers of the old code keep theirs during a rollout).
+SERVER_FUNCTIONS: tuple[Query, ...] = (task_claim, task_claim_limited)
+
+_SERVER_FUNCTION_SCHEMA = "taskfleet"
+
+
+def server_function_name(query: Query) -> str:
+    """The function of ``query``'s exact text: its name and a digest of the text."""
+    digest = hashlib.sha256(query.sql.encode()).hexdigest()[:12]
+    return f"{_SERVER_FUNCTION_SCHEMA}.{query.name}_{digest}"
+
+
+def server_function_call(query: Query) -> Query:
+    """``SELECT * FROM`` the function of ``query``, with the same named parameters (not
+    registered in :data:`QUERIES`: it is the statement, called another way)."""
+    args = ", ".join(f":{name}" for name in query.params)
+    return Query(f"{query.name}_call", f"SELECT * FROM {server_function_name(query)}({args})")
+
+
+def server_function_create(
+    query: Query, param_types: list[str], columns: list[tuple[str, str]]
+) -> str:
+    """``CREATE FUNCTION`` of ``query`` with the parameter and result types the server reported
+    for it (``param_types`` in :attr:`Query.params` order; ``columns`` as (name, type)). The
+    body is the statement itself, its parameters renamed ``p_<name>``; column names win over
+    the result variables of the same name."""
+    if len(param_types) != len(query.params):
+        raise ValueError(f"{query.name}: {len(query.params)} parameters, {len(param_types)} types")
+    sql, order = query._positional
+    body = re.sub(r"\$(\d+)\b", lambda m: f"p_{order[int(m.group(1)) - 1]}", sql)
+    if "$fn$" in body:
+        raise ValueError(f"{query.name}: the statement contains the body's quote")
+    args = ", ".join(f"p_{name} {kind}" for name, kind in zip(order, param_types, strict=True))
+    result = ", ".join(f'"{name}" {kind}' for name, kind in columns)
+    return (
+        f"CREATE FUNCTION {server_function_name(query)}({args})\n"
+        f"RETURNS TABLE ({result}) LANGUAGE plpgsql VOLATILE AS $fn$\n"
+        "#variable_conflict use_column\n"
+        f"BEGIN\nRETURN QUERY {body};\nEND\n$fn$"
+    )
+
+
+#: Whether a function exists (its name as :func:`server_function_name` gives it).
+server_function_exists = _query(
+    "server_function_exists",
+    "SELECT to_regproc(CAST(:name AS text)) IS NOT NULL AS present",
+)
+
+#: A type's name as SQL spells it (``integer[]``, ``timestamp with time zone``).
+type_name = _query("type_name", "SELECT format_type(CAST(:oid AS oid), NULL)")

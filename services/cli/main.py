@@ -148,7 +148,12 @@ def migrate() -> None:
         raise explained(exc, settings.database_url) from exc
     if result.changed:
         before = ", ".join(result.before) or "none (empty database)"
-        typer.echo(f"schema upgraded from {before} to {result.after}")
+        if result.before != (result.after,):
+            typer.echo(f"schema upgraded from {before} to {result.after}")
+        else:
+            typer.echo(f"schema already at {result.after}")
+        for name in result.functions:
+            typer.echo(f"created function {name} (the claim through a pooler)")
     else:
         typer.echo(f"schema already at {result.after}: nothing to do")
 

@@ -7,7 +7,9 @@ Through a transaction-mode pooler (``TASKFLEET_DATABASE_POOLER=transaction``) a 
 nothing in its session: each statement runs in a transaction of its own that starts with
 ``SET LOCAL`` of the connection's settings (statement timeout, synchronous commit), and is
 prepared unnamed each time. Four round trips instead of one; the pooler's server connection is
-held for exactly that transaction.
+held for exactly that transaction. Nothing stays prepared, so the claim runs through its
+server-side function (queries.SERVER_FUNCTIONS), whose plan the server connection caches: a
+claim is not parsed and planned again every time.
 """
 
 from __future__ import annotations
@@ -82,6 +84,13 @@ class Database:
         )
         self._conn: asyncpg.Connection | None = None
         self._lock = asyncio.Lock()
+        #: Through a pooler: the statements run by their server-side function (see
+        #: queries.SERVER_FUNCTIONS) until the database says that function is missing.
+        self._calls = (
+            {q.name: queries.server_function_call(q) for q in queries.SERVER_FUNCTIONS}
+            if pooled
+            else {}
+        )
         #: The last statement failed (none yet: not failing).
         self.failing = False
 
@@ -118,6 +127,32 @@ class Database:
         await conn.execute(queries.TRANSACTION_COMMIT, timeout=timeout)
         return rows
 
+    @property
+    def by_function(self) -> frozenset[str]:
+        """The statements this connection runs through their server-side function."""
+        return frozenset(self._calls)
+
+    async def _fetch_pooled(
+        self, conn: asyncpg.Connection, query: Query, params: dict[str, Any], timeout: float
+    ) -> list[asyncpg.Record]:
+        call = self._calls.get(query.name)
+        if call is not None:
+            sql, args = call.positional(params)
+            try:
+                return await self._fetch_in_transaction(conn, sql, args, timeout)
+            except asyncpg.UndefinedFunctionError:
+                # Not installed (the schema was migrated by other code, or by hand): the plain
+                # statement does the same, planned on every call. Said once.
+                del self._calls[query.name]
+                log.warning(
+                    "%s: no server-side function %s in the database; running the statement "
+                    "itself (slower through a pooler). Run this taskfleet's migrate to install it",
+                    query.name,
+                    queries.server_function_name(query),
+                )
+        sql, args = query.positional(params)
+        return await self._fetch_in_transaction(conn, sql, args, timeout)
+
     async def fetch(self, query: Query, **params: Any) -> list[asyncpg.Record]:
         sql, args = query.positional(params)
         async with self._lock:
@@ -125,7 +160,7 @@ class Database:
                 conn = await self._connection()
                 timeout = self._timeout + CLIENT_TIMEOUT_MARGIN
                 if self._pooled:
-                    rows = await self._fetch_in_transaction(conn, sql, args, timeout)
+                    rows = await self._fetch_pooled(conn, query, params, timeout)
                 else:
                     rows = await conn.fetch(sql, *args, timeout=timeout)
             except asyncpg.PostgresError as exc:

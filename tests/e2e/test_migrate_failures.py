@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from taskfleet.shared import queries
 from taskfleet.shared.db import asyncpg_dsn
 from taskfleet.shared.migrations import head_revision
 from tests.e2e.cli import clean_env, one_error_line, run_taskfleet
@@ -90,7 +91,13 @@ def test_a_role_without_create_on_an_empty_database_gets_one_line(
 def test_upgrading_an_empty_database_says_from_what_to_what(empty_database_url: str) -> None:
     code, out, err = migrate(empty_database_url)
     assert code == 0, err
-    assert out.strip() == f"schema upgraded from none (empty database) to {head_revision()}"
+    assert out.strip().splitlines() == [
+        f"schema upgraded from none (empty database) to {head_revision()}",
+        *(
+            f"created function {queries.server_function_name(query)} (the claim through a pooler)"
+            for query in queries.SERVER_FUNCTIONS
+        ),
+    ]
 
 
 def test_a_database_at_a_newer_unknown_revision_is_refused_and_left_alone(

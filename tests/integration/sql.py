@@ -159,6 +159,23 @@ async def ensure_grouping(conn: asyncpg.Connection, configured: Sequence[str]) -
     raise AssertionError("re-grouping did not settle")
 
 
+#: How :func:`claim` runs the claim: the statement itself (a direct worker), or its server-side
+#: function (a worker behind a transaction-mode pooler). Test modules switch it with
+#: :func:`claim_path` to run every claim test both ways.
+CLAIM_PATHS = ("statement", "function")
+_claim_path = ["statement"]
+
+
+def claim_path(path: str) -> None:
+    if path not in CLAIM_PATHS:
+        raise ValueError(path)
+    _claim_path[0] = path
+
+
+def claim_query(query: q.Query) -> q.Query:
+    return q.server_function_call(query) if _claim_path[0] == "function" else query
+
+
 async def claim(
     conn: asyncpg.Connection,
     *,
@@ -194,11 +211,11 @@ async def claim(
         tags=sorted(tags),
         paused_labels=list(paused_labels),
     )
-    rows = await run(conn, q.task_claim, **params)
+    rows = await run(conn, claim_query(q.task_claim), **params)
     if rows and rows[0]["limits_active"]:
         # As the worker does: a label limit is active, claim with its accounting.
         assert all(r["id"] is None or r["priority"] == CONTROL_PRIORITY for r in rows)
-        rows = await run(conn, q.task_claim_limited, **params)
+        rows = await run(conn, claim_query(q.task_claim_limited), **params)
     assert rows, "task_claim always returns at least one row"
     # The per-statement columns repeat on every row.
     waiting = {(r["strict_waiting"], r["normal_waiting"]) for r in rows}

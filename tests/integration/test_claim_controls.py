@@ -7,16 +7,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+from collections.abc import Iterator
 
 import asyncpg
+import pytest
 
 from taskfleet.shared import db
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.runtime_config import normalise_runtime_config
 from tests.integration.sql import (
+    CLAIM_PATHS,
     NewTask,
     claim,
     claim_ids,
+    claim_path,
+    claim_query,
     connected,
     control_task,
     insert_tasks,
@@ -24,6 +29,15 @@ from tests.integration.sql import (
     run,
     tick,
 )
+
+
+@pytest.fixture(autouse=True, params=CLAIM_PATHS)
+def _both_claim_paths(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs the claim as a direct worker does (the statement) and as a worker
+    behind a pooler does (its server-side function)."""
+    claim_path(request.param)
+    yield
+    claim_path("statement")
 
 
 async def write_config(conn: asyncpg.Connection, **params: object) -> int:
@@ -143,7 +157,7 @@ async def test_a_group_whose_key_is_paused_is_not_even_probed(conn: asyncpg.Conn
     assert result.ids == []
     (row,) = await run(
         conn,
-        q.task_claim_limited,
+        claim_query(q.task_claim_limited),
         fin_ids=[],
         fin_attempts=[],
         fin_statuses=[],
@@ -192,7 +206,9 @@ async def test_the_plain_claim_takes_nothing_but_control_while_a_limit_is_active
     await write_config(conn, labelLimits={"hot": {"maxInFlight": 5}})
     cold, strict = await insert_tasks(conn, [NewTask(labels=["cold"]), NewTask(priority=2)])
     (config_task,) = await insert_tasks(conn, [control_task()])
-    rows = await run(conn, q.task_claim, **plain_claim_params(strict=2, control=1, group=5))
+    rows = await run(
+        conn, claim_query(q.task_claim), **plain_claim_params(strict=2, control=1, group=5)
+    )
     assert [r["id"] for r in rows] == [config_task]
     assert all(r["limits_active"] for r in rows)
     statuses = await conn.fetch(
@@ -201,7 +217,9 @@ async def test_the_plain_claim_takes_nothing_but_control_while_a_limit_is_active
     assert {r["status"] for r in statuses} == {"pending"}
     # Limits removed: the plain claim takes everything again, and says so.
     await write_config(conn)
-    rows = await run(conn, q.task_claim, **plain_claim_params(strict=2, control=0, group=5))
+    rows = await run(
+        conn, claim_query(q.task_claim), **plain_claim_params(strict=2, control=0, group=5)
+    )
     assert sorted(r["id"] for r in rows) == sorted([cold, strict])
     assert not rows[0]["limits_active"]
 
@@ -294,7 +312,7 @@ async def test_the_rate_limit_bucket_holds_one_seconds_worth(conn: asyncpg.Conne
     assert again.ids == []
     (row,) = await run(
         conn,
-        q.task_claim_limited,
+        claim_query(q.task_claim_limited),
         fin_ids=[],
         fin_attempts=[],
         fin_statuses=[],

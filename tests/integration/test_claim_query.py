@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 
 import asyncpg
@@ -16,10 +16,12 @@ from taskfleet.shared import queries as q
 from taskfleet.shared.policy.groups import GroupKey, group_for_labels
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
 from tests.integration.sql import (
+    CLAIM_PATHS,
     LEASE_TTL,
     NewTask,
     claim,
     claim_ids,
+    claim_path,
     connected,
     control_task,
     insert_task,
@@ -27,6 +29,15 @@ from tests.integration.sql import (
     register_worker,
     run,
 )
+
+
+@pytest.fixture(autouse=True, params=CLAIM_PATHS)
+def _both_claim_paths(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs the claim as a direct worker does (the statement) and as a worker
+    behind a pooler does (its server-side function)."""
+    claim_path(request.param)
+    yield
+    claim_path("statement")
 
 
 @pytest.fixture

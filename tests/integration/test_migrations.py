@@ -130,8 +130,20 @@ def test_upgrade_from_an_empty_database_reaches_head(empty_database_url: str) ->
     assert versions(empty_database_url) == [migrations.head_revision()]
     assert tables(empty_database_url) == TABLES | {migrations.VERSION_TABLE}
     # Upgrading a database at head is a no-op.
-    migrations.upgrade(empty_database_url)
+    again = migrations.upgrade(empty_database_url)
     assert versions(empty_database_url) == [migrations.head_revision()]
+    assert not again.changed and again.functions == ()
+
+
+def test_upgrade_creates_the_server_side_functions_once(empty_database_url: str) -> None:
+    names = tuple(q.server_function_name(query) for query in q.SERVER_FUNCTIONS)
+    assert migrations.upgrade(empty_database_url).functions == names
+    for name in names:
+        assert fetch(empty_database_url, f"SELECT to_regproc('{name}') IS NOT NULL AS ok")[0]["ok"]
+    # One dropped (a database migrated by other code): the next run creates just that one.
+    fetch(empty_database_url, f"DROP FUNCTION {names[0]}")
+    assert migrations.upgrade(empty_database_url).functions == names[:1]
+    assert migrations.upgrade(empty_database_url).functions == ()
 
 
 def test_downgrade_to_base_then_upgrade_again(empty_database_url: str) -> None:
