@@ -1602,18 +1602,28 @@ def server_max_connections_set(max_connections: int) -> str:
 SERVER_FUNCTIONS: tuple[Query, ...] = (task_claim, task_claim_limited)
 
 _SERVER_FUNCTION_SCHEMA = "taskfleet"
+#: The wrapper's own shape (below); part of every function's name with the statement's text.
+_SERVER_FUNCTION_FORM = "2: one implicit transaction, synchronous_commit given, lock_timeout"
+#: The function's bound on any lock wait (its call runs without the worker's SET LOCAL
+#: statement_timeout; the worker's client cancels a call that runs too long).
+SERVER_FUNCTION_LOCK_TIMEOUT = "30s"
+#: The extra first parameter of every function: the transaction's synchronous_commit.
+SYNCHRONOUS_COMMIT_PARAM = "synchronous_commit_setting"
 
 
 def server_function_name(query: Query) -> str:
     """The function of ``query``'s exact text: its name and a digest of the text."""
-    digest = hashlib.sha256(query.sql.encode()).hexdigest()[:12]
+    text = f"{_SERVER_FUNCTION_FORM}\n{query.sql}"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     return f"{_SERVER_FUNCTION_SCHEMA}.{query.name}_{digest}"
 
 
 def server_function_call(query: Query) -> Query:
-    """``SELECT * FROM`` the function of ``query``, with the same named parameters (not
-    registered in :data:`QUERIES`: it is the statement, called another way)."""
-    args = ", ".join(f":{name}" for name in query.params)
+    """``SELECT * FROM`` the function of ``query``: the same named parameters after
+    :data:`SYNCHRONOUS_COMMIT_PARAM` (``on`` or ``off``). Not registered in :data:`QUERIES`:
+    it is the statement, called another way. One statement, so one implicit transaction that a
+    pooler keeps on one server connection: no ``BEGIN``/``COMMIT`` round trips."""
+    args = ", ".join(f":{name}" for name in (SYNCHRONOUS_COMMIT_PARAM, *query.params))
     return Query(f"{query.name}_call", f"SELECT * FROM {server_function_name(query)}({args})")
 
 
@@ -1622,21 +1632,29 @@ def server_function_create(
 ) -> str:
     """``CREATE FUNCTION`` of ``query`` with the parameter and result types the server reported
     for it (``param_types`` in :attr:`Query.params` order; ``columns`` as (name, type)). The
-    body is the statement itself, its parameters renamed ``p_<name>``; column names win over
-    the result variables of the same name."""
+    body sets the transaction's ``synchronous_commit`` (what a direct worker sets for its
+    session), then runs the statement itself, its parameters renamed ``p_<name>``; column
+    names win over the result variables of the same name. Lock waits inside are bounded by
+    :data:`SERVER_FUNCTION_LOCK_TIMEOUT`."""
     if len(param_types) != len(query.params):
         raise ValueError(f"{query.name}: {len(query.params)} parameters, {len(param_types)} types")
     sql, order = query._positional
     body = re.sub(r"\$(\d+)\b", lambda m: f"p_{order[int(m.group(1)) - 1]}", sql)
     if "$fn$" in body:
         raise ValueError(f"{query.name}: the statement contains the body's quote")
-    args = ", ".join(f"p_{name} {kind}" for name, kind in zip(order, param_types, strict=True))
+    args = ", ".join(
+        [f"p_{SYNCHRONOUS_COMMIT_PARAM} text"]
+        + [f"p_{name} {kind}" for name, kind in zip(order, param_types, strict=True)]
+    )
     result = ", ".join(f'"{name}" {kind}' for name, kind in columns)
     return (
         f"CREATE FUNCTION {server_function_name(query)}({args})\n"
-        f"RETURNS TABLE ({result}) LANGUAGE plpgsql VOLATILE AS $fn$\n"
+        f"RETURNS TABLE ({result}) LANGUAGE plpgsql VOLATILE\n"
+        f"SET lock_timeout = '{SERVER_FUNCTION_LOCK_TIMEOUT}' AS $fn$\n"
         "#variable_conflict use_column\n"
-        f"BEGIN\nRETURN QUERY {body};\nEND\n$fn$"
+        "BEGIN\n"
+        f"PERFORM set_config('synchronous_commit', p_{SYNCHRONOUS_COMMIT_PARAM}, true);\n"
+        f"RETURN QUERY {body};\nEND\n$fn$"
     )
 
 

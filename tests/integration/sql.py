@@ -25,6 +25,8 @@ LEASE_TTL = 30.0
 
 
 async def run(conn: asyncpg.Connection, query: q.Query, **params: Any) -> list[asyncpg.Record]:
+    if q.SYNCHRONOUS_COMMIT_PARAM in query.params:  # a server-side function's call
+        params.setdefault(q.SYNCHRONOUS_COMMIT_PARAM, "on")
     sql, args = query.positional(params)
     return await conn.fetch(sql, *args)
 

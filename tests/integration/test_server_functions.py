@@ -64,3 +64,25 @@ async def test_a_pooled_claim_runs_the_function_and_falls_back_when_it_is_missin
             ]
     finally:
         await pooled.close()
+
+
+async def test_the_function_sets_the_commit_mode_and_bounds_its_lock_waits(
+    database_url: str,
+) -> None:
+    # What SET LOCAL gives a statement through a pooler, the function gives its own call: the
+    # transaction's synchronous_commit (as the worker's setting says) and a bound on lock waits.
+    call = q.server_function_call(q.task_claim)
+    async with connected(database_url) as conn:
+        for setting in ("off", "on"):
+            async with conn.transaction():
+                await conn.execute("SET LOCAL synchronous_commit = 'local'")
+                sql, args = call.positional({**claim_params(), q.SYNCHRONOUS_COMMIT_PARAM: setting})
+                await conn.fetch(sql, *args)
+                assert (
+                    await conn.fetchval("SELECT current_setting('synchronous_commit')") == setting
+                )
+        config = await conn.fetchval(
+            "SELECT proconfig FROM pg_proc WHERE oid = to_regproc($1)",
+            q.server_function_name(q.task_claim),
+        )
+        assert config == [f"lock_timeout={q.SERVER_FUNCTION_LOCK_TIMEOUT}"]
