@@ -10,6 +10,7 @@ bug and propagates as one.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,8 +20,11 @@ import sqlalchemy.exc
 from sqlalchemy import TextClause, event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from taskfleet.shared import queries as q
 from taskfleet.shared.db import POOLED_STARTUP_PARAMETERS, sqlalchemy_url
 from taskfleet.shared.queries import Query
+
+log = logging.getLogger("taskfleet.api")
 
 _POOLER_REASON = (
     "database prepared statements collide: DATABASE_URL is a transaction-mode pooler "
@@ -181,8 +185,37 @@ async def fetch_one(conn: AsyncConnection, query: Query, **params: Any) -> Row |
 class Database:
     """The API's engine, with connection failures translated."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, pooled: bool = False) -> None:
         self.engine = engine
+        self._pooled = pooled
+        #: Through a pooler: the statements run by their server-side function, by name (read
+        #: from the database at first use; None until then).
+        self._by_function: dict[str, Query] | None = None
+
+    async def routed(self, conn: AsyncConnection, query: Query) -> Query:
+        """The statement to run for ``query`` on ``conn``: through a transaction-mode pooler, the
+        call of its server-side function when the database has it (queries.SERVER_FUNCTIONS: its
+        plan is cached on the server connection, where a statement would be planned on every
+        call); else ``query`` itself. A call takes queries.SYNCHRONOUS_COMMIT_PARAM too."""
+        if not self._pooled or query not in q.SERVER_FUNCTIONS:
+            return query
+        if self._by_function is None:
+            present = {}
+            for candidate in q.SERVER_FUNCTIONS:
+                name = q.server_function_name(candidate)
+                row = await fetch_one(conn, q.server_function_exists, name=name)
+                if row is not None and row["present"]:
+                    present[candidate.name] = q.server_function_call(candidate)
+                else:
+                    log.warning(
+                        "%s: no server-side function %s in the database; running the "
+                        "statement itself (slower through a pooler). Run this taskfleet's "
+                        "migrate to install it",
+                        candidate.name,
+                        name,
+                    )
+            self._by_function = present
+        return self._by_function.get(query.name, query)
 
     @classmethod
     def create(cls, url: str, *, pool_size: int, pooled: bool = False) -> Database:
@@ -203,7 +236,7 @@ class Database:
             connect_args=connect_args,
         )
         _ping_after_idle(engine, PING_AFTER_IDLE_SECONDS)
-        return cls(engine)
+        return cls(engine, pooled=pooled)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:

@@ -76,13 +76,16 @@ batch_router = APIRouter(route_class=guarded_route(BATCH_BODY_LIMIT), tags=["tas
 
 
 async def _insert(
-    conn: AsyncConnection, submissions: Sequence[Submission]
+    database: Database, conn: AsyncConnection, submissions: Sequence[Submission]
 ) -> list[tuple[Row, bool]]:
     """Insert the tasks in one statement (one NOTIFY); for each, its row and whether it was
     deduplicated onto an unfinished task with the same unique_key."""
 
     async def run(query: q.Query, params: dict[str, Any]) -> list[Row]:
-        return await fetch_all(conn, query, **params)
+        statement = await database.routed(conn, query)
+        if statement is not query:  # its server-side function, behind a pooler
+            params = {**params, q.SYNCHRONOUS_COMMIT_PARAM: "on"}
+        return await fetch_all(conn, statement, **params)
 
     try:
         return await run_insert(run, submissions)
@@ -118,7 +121,7 @@ async def create_task(
     submission = check_submission(task, registry, ("body",))
     # One task is one INSERT statement (its NOTIFY included): atomic without BEGIN/COMMIT.
     async with database.autocommit() as conn:
-        inserted = await _insert(conn, [submission])
+        inserted = await _insert(database, conn, [submission])
     _count_submitted(metrics, inserted)
     row, deduplicated = inserted[0]
     if deduplicated:
@@ -151,7 +154,7 @@ async def create_tasks(
             raise ApiError(422, pydantic_errors(exc.errors(), loc)) from None
         submissions.append(check_submission(task, registry, loc))
     async with database.transaction() as conn:
-        inserted = await _insert(conn, submissions)
+        inserted = await _insert(database, conn, submissions)
     _count_submitted(metrics, inserted)
     return {"tasks": [{**task_out(row), "deduplicated": dedup} for row, dedup in inserted]}
 

@@ -12,6 +12,9 @@ import logging
 
 import pytest
 
+from bench.systems import taskfleet_insert_params
+from taskfleet.api.database import Database as ApiDatabase
+from taskfleet.api.database import fetch_all
 from taskfleet.shared import queries as q
 from taskfleet.worker.database import Database
 from taskfleet.worker.outcomes import finish_params
@@ -86,3 +89,46 @@ async def test_the_function_sets_the_commit_mode_and_bounds_its_lock_waits(
             q.server_function_name(q.task_claim),
         )
         assert config == [f"lock_timeout={q.SERVER_FUNCTION_LOCK_TIMEOUT}"]
+
+
+async def test_the_api_inserts_through_the_function_behind_a_pooler(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Pooled mode straight against Postgres: the same statements as through PgBouncer.
+    call = q.server_function_call(q.task_insert_batch)
+    params = {**taskfleet_insert_params(2), q.SYNCHRONOUS_COMMIT_PARAM: "on"}
+    pooled = ApiDatabase.create(database_url, pool_size=1, pooled=True)
+    direct = ApiDatabase.create(database_url, pool_size=1)
+    try:
+        async with pooled.autocommit() as conn:
+            assert await pooled.routed(conn, q.task_insert_batch) == call
+            assert await pooled.routed(conn, q.task_get) is q.task_get
+            through_function = await fetch_all(conn, call, **params)
+        async with direct.autocommit() as conn:
+            assert await direct.routed(conn, q.task_insert_batch) is q.task_insert_batch
+            through_statement = await fetch_all(conn, q.task_insert_batch, **params)
+        # The same rows but for the ids and the clock: same columns, same values otherwise.
+        assert [list(r) for r in through_function] == [list(r) for r in through_statement]
+        varying = {"id", "created_at", "run_after"}
+        assert [{k: v for k, v in r.items() if k not in varying} for r in through_function] == [
+            {k: v for k, v in r.items() if k not in varying} for r in through_statement
+        ]
+    finally:
+        await pooled.dispose()
+        await direct.dispose()
+
+    # Without the function (a schema migrated by other code): the statement itself, said once.
+    async with connected(database_url) as conn:
+        await conn.execute(f"DROP FUNCTION {q.server_function_name(q.task_insert_batch)}")
+    fresh = ApiDatabase.create(database_url, pool_size=1, pooled=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="taskfleet.api"):
+            async with fresh.autocommit() as conn:
+                assert await fresh.routed(conn, q.task_insert_batch) is q.task_insert_batch
+                assert await fresh.routed(conn, q.task_claim) == q.server_function_call(
+                    q.task_claim
+                )
+        (warning,) = [r.getMessage() for r in caplog.records]
+        assert "task_insert_batch" in warning and "migrate" in warning
+    finally:
+        await fresh.dispose()
