@@ -157,7 +157,12 @@ async def test_an_isolated_handler_is_killed_at_its_timeout(
     pid_file = tmp_path / "hang"
     async with (
         kit.connect(database_url) as conn,
-        kit.running_worker(database_url, concurrency=1) as worker,
+        # A lease of 5 s, not the kit's 1 s: this test waits 10 s for the timeout, and on a
+        # loaded CI machine one heartbeat came more than 1 s late once, so the worker's own
+        # sweep failed the task for an expired lease before the timeout could.
+        kit.running_worker(
+            database_url, concurrency=1, heartbeat_interval=0.5, lease_ttl=5.0
+        ) as worker,
     ):
         (task_id,) = await kit.submit(
             conn,
