@@ -69,11 +69,13 @@ def _run(connection: Connection) -> None:
         if connection.execute(text("SELECT to_regnamespace(:s)"), {"s": SCHEMA}).scalar() is None:
             connection.execute(text(f"CREATE SCHEMA {SCHEMA}"))
         context.run_migrations()
-        # The pooled claim's functions for this code's statements, when missing (never a
+        # At head only (not after a downgrade, or an upgrade to an earlier revision): the
+        # server-side functions of this code's hot statements, when missing or stale (never a
         # migration: one per statement text, see taskfleet.shared.server_functions).
-        config.attributes[FUNCTIONS_CREATED] = await_only(
-            server_functions.install(connection.connection.driver_connection)
-        )
+        if _current_revisions(connection) == [script.get_current_head()]:
+            config.attributes[FUNCTIONS_CREATED] = await_only(
+                server_functions.install(connection.connection.driver_connection)
+            )
 
 
 def _statement_name() -> str:

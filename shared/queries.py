@@ -1665,5 +1665,32 @@ server_function_exists = _query(
     "SELECT to_regproc(CAST(:name AS text)) IS NOT NULL AS present",
 )
 
+#: Whether it exists, and its stamp (its comment: see :func:`server_function_stamp_of`).
+server_function_stamp = _query(
+    "server_function_stamp",
+    """
+    SELECT to_regproc(CAST(:name AS text)) IS NOT NULL AS present,
+           obj_description(to_regproc(CAST(:name AS text)), 'pg_proc') AS stamp
+    """,
+)
+
+
+def server_function_stamp_of(create: str) -> str:
+    """The stamp of a function: a digest of the statement that created it."""
+    return "taskfleet " + hashlib.sha256(create.encode()).hexdigest()
+
+
+def server_function_drop(query: Query) -> str:
+    """``DROP FUNCTION`` of ``query``'s function (its name is ours; to_regproc resolves it)."""
+    return f"DROP FUNCTION {server_function_name(query)}"
+
+
+def server_function_comment(query: Query, stamp: str) -> str:
+    """``COMMENT ON FUNCTION``: a utility statement, hence the literal (a hex digest)."""
+    if not stamp.replace(" ", "").isalnum():
+        raise ValueError(f"not a stamp: {stamp!r}")
+    return f"COMMENT ON FUNCTION {server_function_name(query)} IS '{stamp}'"
+
+
 #: A type's name as SQL spells it (``integer[]``, ``timestamp with time zone``).
 type_name = _query("type_name", "SELECT format_type(CAST(:oid AS oid), NULL)")

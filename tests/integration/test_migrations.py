@@ -144,6 +144,15 @@ def test_upgrade_creates_the_server_side_functions_once(empty_database_url: str)
     fetch(empty_database_url, f"DROP FUNCTION {names[0]}")
     assert migrations.upgrade(empty_database_url).functions == names[:1]
     assert migrations.upgrade(empty_database_url).functions == ()
+    # One whose stamp differs (as when a migration changed a column type it returns, so the
+    # statement's described types no longer give the same CREATE): dropped and created again.
+    fetch(empty_database_url, f"COMMENT ON FUNCTION {names[1]} IS 'taskfleet stale'")
+    assert migrations.upgrade(empty_database_url).functions == names[1:2]
+    stamp = fetch(
+        empty_database_url, f"SELECT obj_description(to_regproc('{names[1]}'), 'pg_proc') AS s"
+    )[0]["s"]
+    assert stamp.startswith("taskfleet ") and stamp != "taskfleet stale"
+    assert migrations.upgrade(empty_database_url).functions == ()
 
 
 def test_downgrade_to_base_then_upgrade_again(empty_database_url: str) -> None:
