@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import pytest
 
 from taskfleet.shared import db
 from taskfleet.shared import queries as q
@@ -172,6 +173,15 @@ def claim_path(path: str) -> None:
     if path not in CLAIM_PATHS:
         raise ValueError(path)
     _claim_path[0] = path
+
+
+@pytest.fixture(params=CLAIM_PATHS)
+def both_claim_paths(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Run a test with the claim as a direct worker runs it (the statement) and as a worker
+    behind a pooler does (its server-side function). Import it and use it by mark."""
+    claim_path(request.param)
+    yield
+    claim_path("statement")
 
 
 def claim_query(query: q.Query) -> q.Query:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import Iterator
 
 import asyncpg
 import pytest
@@ -16,11 +15,10 @@ from taskfleet.shared import db
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.runtime_config import normalise_runtime_config
 from tests.integration.sql import (
-    CLAIM_PATHS,
     NewTask,
+    both_claim_paths,  # noqa: F401 (a fixture, used by pytestmark)
     claim,
     claim_ids,
-    claim_path,
     claim_query,
     connected,
     control_task,
@@ -30,14 +28,8 @@ from tests.integration.sql import (
     tick,
 )
 
-
-@pytest.fixture(autouse=True, params=CLAIM_PATHS)
-def _both_claim_paths(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test here runs the claim as a direct worker does (the statement) and as a worker
-    behind a pooler does (its server-side function)."""
-    claim_path(request.param)
-    yield
-    claim_path("statement")
+#: Every test here runs the claim both ways (sql.both_claim_paths).
+pytestmark = pytest.mark.usefixtures("both_claim_paths")
 
 
 async def write_config(conn: asyncpg.Connection, **params: object) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 import asyncpg
@@ -16,12 +16,11 @@ from taskfleet.shared import queries as q
 from taskfleet.shared.policy.groups import GroupKey, group_for_labels
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
 from tests.integration.sql import (
-    CLAIM_PATHS,
     LEASE_TTL,
     NewTask,
+    both_claim_paths,  # noqa: F401 (a fixture, used by pytestmark)
     claim,
     claim_ids,
-    claim_path,
     connected,
     control_task,
     insert_task,
@@ -30,14 +29,8 @@ from tests.integration.sql import (
     run,
 )
 
-
-@pytest.fixture(autouse=True, params=CLAIM_PATHS)
-def _both_claim_paths(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test here runs the claim as a direct worker does (the statement) and as a worker
-    behind a pooler does (its server-side function)."""
-    claim_path(request.param)
-    yield
-    claim_path("statement")
+#: Every test here runs the claim both ways (sql.both_claim_paths).
+pytestmark = pytest.mark.usefixtures("both_claim_paths")
 
 
 @pytest.fixture
