@@ -162,14 +162,16 @@ class Database:
         return await self._fetch_in_transaction(conn, sql, args, timeout)
 
     async def fetch(self, query: Query, **params: Any) -> list[asyncpg.Record]:
-        sql, args = query.positional(params)
+        # Direct: the statement itself, its arguments checked before anything is sent.
+        direct = None if self._pooled else query.positional(params)
         async with self._lock:
             try:
                 conn = await self._connection()
                 timeout = self._timeout + CLIENT_TIMEOUT_MARGIN
-                if self._pooled:
+                if direct is None:
                     rows = await self._fetch_pooled(conn, query, params, timeout)
                 else:
+                    sql, args = direct
                     rows = await conn.fetch(sql, *args, timeout=timeout)
             except asyncpg.PostgresError as exc:
                 # The server answered with an error: the connection is still good, unless the
