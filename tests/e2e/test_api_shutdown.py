@@ -30,6 +30,14 @@ async def test_sigterm_answers_pending_waits_and_streams(database_url: str) -> N
                     headers={"Accept": "application/json"},
                 )
             )
+            # The blocking PUT is in the API (its change is enqueued) before the stop: sent
+            # later, it would meet a closed connection, not the 503 under test.
+            for _ in range(600):
+                known = await client.get("/runtime-config/requests/blocking")
+                if known.status_code != 404:
+                    break
+                await asyncio.sleep(0.05)
+            assert known.status_code == 200, known.text
             lines: list[dict[str, object]] = []
             async with client.stream(
                 "PUT",
