@@ -276,6 +276,7 @@ class ClaimLoop:
                 self._outcomes.claim_pending = True
                 continue
             retry.reset()
+            self._outcomes.settled(outcomes)
             self._in_flight_since = None
             self._failing = False
             if outcomes:

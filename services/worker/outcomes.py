@@ -97,6 +97,9 @@ class OutcomeWriter:
         self._metrics = metrics
         self._on_retry_written = on_retry_written
         self._queue: list[Outcome] = []
+        #: (task id, attempt) of the outcomes in a statement in flight (the finish loop's, or
+        #: a claim carrying them): still this worker's leases until the statement returns.
+        self._writing: set[tuple[int, int]] = set()
         self._event = asyncio.Event()
         #: A batch is being written by the finish loop (drain waits for it).
         self._flushing = False
@@ -118,13 +121,20 @@ class OutcomeWriter:
             outcomes = [replace(o, alone=True) for o in outcomes]
             self._event.set()
         self._queue[:0] = outcomes
+        self.settled(outcomes)
 
     def take_for_claim(self) -> list[Outcome]:
-        """Outcomes to write with the next claim (drain releases go by ``task_release``)."""
+        """Outcomes to write with the next claim (drain releases go by ``task_release``). The
+        caller hands them back: :meth:`settled` once the claim returned, else :meth:`put_back`."""
         taken = [o for o in self._queue if o.status != RELEASED and not o.alone]
         if taken:
             self._queue = [o for o in self._queue if o.status == RELEASED or o.alone]
+            self._writing.update((o.id, o.attempt) for o in taken)
         return taken
+
+    def settled(self, outcomes: list[Outcome]) -> None:
+        """The statement that carried ``outcomes`` returned: they are no longer in flight."""
+        self._writing.difference_update((o.id, o.attempt) for o in outcomes)
 
     def claim_waiting(self) -> None:
         """The claim loop is about to wait: what it would have carried goes out on its own."""
@@ -133,14 +143,15 @@ class OutcomeWriter:
             self._event.set()
 
     def held(self) -> list[tuple[int, int]]:
-        """(task id, attempt) finished here whose outcome is not written yet (the lease stays
-        ours)."""
-        return [(o.id, o.attempt) for o in self._queue]
+        """(task id, attempt) finished here whose outcome is not written yet, queued or in a
+        statement in flight: the lease stays ours until that statement has returned (a sweep
+        that ran meanwhile took a task whose outcome was on its way)."""
+        return [*((o.id, o.attempt) for o in self._queue), *self._writing]
 
     @property
     def busy(self) -> bool:
-        """Outcomes queued or being written."""
-        return bool(self._queue) or self._flushing
+        """Outcomes queued or being written (by the finish loop or a claim)."""
+        return bool(self._queue) or self._flushing or bool(self._writing)
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -165,6 +176,8 @@ class OutcomeWriter:
                 # The claim loop is about to claim: the outcomes ride along in that statement.
                 continue
             batch, self._queue = self._queue, []
+            in_flight = list(batch)
+            self._writing.update((o.id, o.attempt) for o in in_flight)
             self._flushing = True
             try:
                 if alone:
@@ -173,6 +186,7 @@ class OutcomeWriter:
                     await self._write(batch)
                 retry.reset()
             except DATABASE_ERRORS as exc:
+                # ``batch`` is what was not written (one by one, the rest of it).
                 if rejected_statement(exc):
                     # One outcome the server refuses must never block the others: split.
                     self._queue[:0] = [replace(o, alone=True) for o in batch]
@@ -189,12 +203,18 @@ class OutcomeWriter:
                 )
                 await asyncio.sleep(delay)
                 self._event.set()
+            except BaseException:
+                # A cancel (shutdown): what was not written stays queued, never dropped.
+                self._queue[:0] = batch
+                raise
             finally:
                 self._flushing = False
+                self.settled(in_flight)
 
     async def _write_one_by_one(self, batch: list[Outcome]) -> None:
         """Each outcome in a statement of its own; one the server refuses is written as a
-        failure saying why, so the task ends and its slot's lease is not held for nothing."""
+        failure saying why, so the task ends and its slot's lease is not held for nothing. When
+        it raises, ``batch`` is left holding the outcomes not written yet."""
         for index, outcome in enumerate(batch):
             try:
                 try:
@@ -216,7 +236,7 @@ class OutcomeWriter:
                         # Nothing more to try: the lease expires and the sweep ends it.
                         log.error("task %d: the failure was refused too (%s)", outcome.id, again)
             except BaseException:
-                self._queue[:0] = batch[index:]
+                del batch[:index]
                 raise
 
     async def _write(self, batch: list[Outcome]) -> None:

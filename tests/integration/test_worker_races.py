@@ -185,3 +185,46 @@ async def _db_time_passed(conn: asyncpg.Connection, since: object, seconds: floa
             "SELECT now() > $1::timestamptz + make_interval(secs => $2::float8)", since, seconds
         )
     )
+
+
+async def _an_io_statement_waits_on_a_lock(conn: asyncpg.Connection) -> bool:
+    return await _waiting_on_a_lock(conn, "taskfleet-worker-claim") or await _waiting_on_a_lock(
+        conn, "taskfleet-worker-io"
+    )
+
+
+async def test_an_outcome_on_its_way_is_still_held(database_url: str) -> None:
+    # A task that ran longer than its lease finishes; the statement that carries its outcome (a
+    # claim, or the finish loop's batch: whichever takes it first) waits on the task's row. The
+    # heartbeat must keep reporting the task as held all along: in CI a task that timed out
+    # was failed for an expired lease 0.1 s after a claim took its outcome from the queue and
+    # before that claim returned (the outcome was in neither the slots nor the queue, and the
+    # sweep takes a running task of this worker that it does not hold). Here the row lock keeps
+    # the sweep off the row; what is asserted is what the heartbeat reports.
+    the_gate = kit.gate("long")
+    async with (
+        kit.connect(database_url) as conn,
+        kit.connect(database_url) as blocker,
+        kit.running_worker(database_url, concurrency=1) as worker,
+    ):
+        (task_id,) = await kit.submit(conn, "kit.block", [{"gate": "long"}], max_attempts=3)
+        await kit.wait_task(conn, task_id, {"running"})
+        await kit.wait_until(
+            lambda: conn.fetchval(
+                "SELECT lease_expires_at < now() FROM taskfleet.tasks WHERE id = $1", task_id
+            ),
+            "the claim's lease time is past (the worker's heartbeat vouches for the task)",
+        )
+        async with blocker.transaction():
+            await blocker.execute("SELECT 1 FROM taskfleet.tasks WHERE id = $1 FOR UPDATE", task_id)
+            the_gate.open.set()
+            await kit.wait_until(
+                lambda: _an_io_statement_waits_on_a_lock(conn),
+                "the statement carrying the outcome waits for the row",
+            )
+            assert worker.inflight == 0 and len(worker.outcomes) == 0  # neither slot nor queue
+            assert (task_id, 1) in worker.outcomes.held()
+            assert (task_id, 1) in worker._tick_state().held
+        row = await kit.wait_task(conn, task_id)
+        assert (row["status"], row["attempts"], row["last_error"]) == ("completed", 1, None)
+        await kit.wait_until(lambda: worker.inflight == 0 and not worker.outcomes.busy, "idle")
