@@ -28,6 +28,7 @@ from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line, rej
 from taskfleet.worker.executor import Executor
 from taskfleet.worker.outcomes import OutcomeWriter, finish_params, settle
 from taskfleet.worker.slots import Running, Slots
+from taskfleet.worker.wakeup import Flag, wait_any
 
 log = logging.getLogger("taskfleet.worker")
 
@@ -65,8 +66,8 @@ class ClaimLoop:
         self._types = types
         self._stop = stop
         self._clock = clock
-        self._work_hint = asyncio.Event()
-        self._control_event = asyncio.Event()
+        self._work_hint = Flag()
+        self._control_event = Flag()
         self._control_hint = False
         #: Every wake-up since the loop last slept named its lanes (notifications).
         self._named_lanes_only = False
@@ -77,7 +78,7 @@ class ClaimLoop:
         self._last_dry_reset = 0.0
         #: Why claiming is paused (the schema is not the expected one), or None.
         self._paused: str | None = None
-        self._resumed = asyncio.Event()
+        self._resumed = Flag()
         #: When the claim statement in flight was sent (None: none in flight).
         self._in_flight_since: float | None = None
         #: Resolved when the claim in flight returns (None: none in flight).
@@ -133,7 +134,7 @@ class ClaimLoop:
         self.hint_work()
 
     def wake(self) -> None:
-        """Shutdown: end any wait."""
+        """Shutdown (after the stop event is set): end any wait."""
         self._work_hint.set()
         self._slots.freed.set()
         self._control_event.set()
@@ -349,13 +350,10 @@ class ClaimLoop:
         self._executor.start(running, row["payload"], cancel_requested=row["cancel_requested"])
         return running
 
-    async def _wait_any(self, *events: asyncio.Event, timeout: float | None) -> None:
-        waiters = [asyncio.create_task(e.wait()) for e in (*events, self._stop)]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+    async def _wait_any(self, *flags: Flag, timeout: float | None) -> None:
+        # The stop event is not among them: a stop sets it, then wake() sets every flag.
+        if not self._stop.is_set():
+            await wait_any(flags, timeout=timeout)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, cut short by a stop request."""

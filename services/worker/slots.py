@@ -16,6 +16,7 @@ from taskfleet.shared.context import TaskContext
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.groups import GroupKey
 from taskfleet.shared.policy.lanes import Lane
+from taskfleet.worker.wakeup import Flag
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Slots:
         self._running: dict[SlotKey, Running] = {}
         self._lane_counts: Counter[Lane] = Counter({lane: 0 for lane in Lane})
         #: Set whenever a slot frees (the claim loop waits on it when every slot is busy).
-        self.freed = asyncio.Event()
+        self.freed = Flag()
         self._metrics = metrics
         self._inflight_gauges = {lane: metrics.inflight.labels(lane.value) for lane in Lane}
         metrics.concurrency.set(concurrency)
