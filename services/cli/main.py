@@ -153,7 +153,7 @@ def migrate() -> None:
         else:
             typer.echo(f"schema already at {result.after}")
         for name in result.functions:
-            typer.echo(f"created function {name} (the claim through a pooler)")
+            typer.echo(f"created function {name} (its statement through a pooler)")
     else:
         typer.echo(f"schema already at {result.after}: nothing to do")
 
