@@ -94,7 +94,8 @@ def test_upgrading_an_empty_database_says_from_what_to_what(empty_database_url: 
     assert out.strip().splitlines() == [
         f"schema upgraded from none (empty database) to {head_revision()}",
         *(
-            f"created function {queries.server_function_name(query)} (its statement through a pooler)"
+            f"created function {queries.server_function_name(query)}"
+            " (its statement through a pooler)"
             for query in queries.SERVER_FUNCTIONS
         ),
     ]

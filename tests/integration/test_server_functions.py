@@ -18,6 +18,7 @@ from taskfleet.api.database import fetch_all
 from taskfleet.shared import queries as q
 from taskfleet.worker.database import Database
 from taskfleet.worker.outcomes import finish_params
+from tests.integration import workerkit as kit
 from tests.integration.sql import CLAIMABLE_TYPES, connected, insert_task
 
 
@@ -132,3 +133,57 @@ async def test_the_api_inserts_through_the_function_behind_a_pooler(
         assert "task_insert_batch" in warning and "migrate" in warning
     finally:
         await fresh.dispose()
+
+
+async def test_a_pooled_worker_runs_every_hot_statement_through_its_function(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker in pooled mode (straight to Postgres: the same protocol path) claims, finishes,
+    # delivers a cancel (heartbeat), applies and acknowledges a config version, and gives a task
+    # back at shutdown: each through its server-side function, none falling back.
+    kit.gate("pooled")  # never opened: both block until cancelled or released
+    with caplog.at_level(logging.WARNING, logger="taskfleet.worker.database"):
+        async with kit.connect(database_url) as conn:
+            worker = kit.build_worker(
+                database_url,
+                database_pooler="transaction",
+                listen_database_url=database_url,
+                drain_timeout=0.2,
+            )
+            run = await kit.start(worker)
+            try:
+                (done,) = await kit.submit(conn, "demo.echo", [{"value": 1}])
+                assert (await kit.wait_task(conn, done))["status"] == "completed"
+                cancelled, released = await kit.submit(
+                    conn, "kit.block", [{"gate": "pooled"}, {"gate": "pooled", "kind": "b"}]
+                )
+                await kit.wait_until(lambda: worker.inflight == 2, "both block")
+                await kit.run_query(conn, q.task_cancel, id=cancelled)
+                assert (await kit.wait_task(conn, cancelled))["status"] == "cancelled"
+                version = await kit.insert_config(conn, "pooled-1", maxStrictPercentage=50)
+                await kit.wait_until(
+                    lambda: _applied(conn, worker.id, version), "the version acknowledged"
+                )
+            finally:
+                await run.stop()
+            row = (await kit.task_rows(conn, [released]))[released]
+            assert (row["status"], row["attempts"]) == ("pending", 0), row["last_error"]
+    used = {
+        "task_claim",
+        "task_finish_batch",
+        "task_release",
+        "worker_tick",
+        "runtime_config_latest",
+        "worker_applied_config",
+    }
+    by_function = (
+        worker._claim_db.by_function | worker._io_db.by_function | worker._tick_db.by_function
+    )
+    assert used <= by_function
+    assert [r.getMessage() for r in caplog.records if "server-side" in r.getMessage()] == []
+    assert worker.metrics.heartbeat_failures._value.get() == 0
+
+
+async def _applied(conn: object, worker_id: str, version: int) -> bool:
+    row = await kit.worker_row(conn, worker_id)  # type: ignore[arg-type]
+    return bool(row["applied_config_version"] >= version)
