@@ -197,7 +197,9 @@ class Worker:
             clock=clock,
         )
         # Retention on a connection of its own, opened the first time something is due.
-        self._prune_db = Database(url, "taskfleet-worker-prune", synchronous_commit=sync)
+        self._prune_db = Database(
+            url, "taskfleet-worker-prune", synchronous_commit=sync, pooled=pooled
+        )
         self.pruner = Pruner(
             policy=settings.retention,
             database=self._prune_db,

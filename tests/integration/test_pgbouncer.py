@@ -101,6 +101,29 @@ async def test_a_worker_claims_finishes_and_wakes_through_pgbouncer(
         await run.stop()
 
 
+async def test_a_worker_prunes_through_pgbouncer(database_url: str, pgbouncer: PgBouncer) -> None:
+    # Retention runs on a connection of its own, opened the first time something is due: it
+    # too must keep no session state (it once sent synchronous_commit as a startup parameter,
+    # which PgBouncer refuses, so nothing was ever pruned through a pooler).
+    worker = build_worker(database_url, **pooled(pgbouncer, database_url), retention_completed="1s")
+    run = await start(worker)
+    try:
+        async with connect(database_url) as conn:
+            ids = await submit(conn, "demo.echo", [{"value": i} for i in range(5)])
+            await wait_tasks(conn, ids, {"completed"})
+
+            async def pruned() -> bool:
+                left = await conn.fetchval(
+                    "SELECT count(*) FROM taskfleet.tasks WHERE id = ANY($1::bigint[])", ids
+                )
+                return bool(left == 0)
+
+            await wait_until(pruned, "the completed tasks are pruned")
+        assert worker.not_ready_reasons() == []
+    finally:
+        await run.stop()
+
+
 async def test_a_killed_server_connection_costs_no_task(
     database_url: str, pgbouncer: PgBouncer
 ) -> None:
