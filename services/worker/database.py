@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -73,8 +74,12 @@ class Database:
         synchronous_commit: bool = True,
         statement_timeout: float = STATEMENT_TIMEOUT,
         pooled: bool = False,
+        borrow: Callable[[float], Awaitable[asyncpg.Connection]] | None = None,
     ) -> None:
         self._url = url
+        #: Statements run on a connection someone else owns (the listener's, see
+        #: Listener.connection), given this long to be there; None: one of its own.
+        self._borrow = borrow
         self._timeout = statement_timeout
         self._synchronous_commit = synchronous_commit
         self._application_name = application_name
@@ -98,6 +103,10 @@ class Database:
         self.failing = False
 
     async def _connection(self) -> asyncpg.Connection:
+        if self._borrow is not None:
+            self._conn = None  # a failure while waiting must not terminate a later one
+            self._conn = await self._borrow(CONNECT_TIMEOUT)
+            return self._conn
         if self._conn is None or self._conn.is_closed():
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
             # arrives as the connection completes, and a loop being stopped would run on.
@@ -199,6 +208,9 @@ class Database:
 
     async def close(self) -> None:
         async with self._lock:
+            if self._borrow is not None:
+                self._conn = None  # its owner closes it
+                return
             if self._conn is not None and not self._conn.is_closed():
                 try:
                     await asyncio.wait_for(self._conn.close(), 5)

@@ -1,7 +1,11 @@
-"""LISTEN on a dedicated connection; reconnect with backoff; catch up after every (re)connect.
+"""LISTEN on a direct connection; reconnect with backoff; catch up after every (re)connect.
 
 Notifications are hints. Whatever they say, the worker re-reads the database row (the truth), so
 a lost notification costs latency, never correctness (the tick polls as a fallback).
+
+Behind a transaction-mode pooler the worker's claims run on this connection too
+(:meth:`Listener.connection`): it is a direct session, so the claim stays prepared and takes one
+round trip, and the worker opens no further connection to Postgres for it.
 """
 
 from __future__ import annotations
@@ -34,8 +38,13 @@ class Listener:
         on_message: Callable[[protocol.Message], None],
         on_connect: Callable[[], Awaitable[None]],
         metrics: WorkerMetrics,
+        synchronous_commit: bool = True,
+        statement_timeout: float | None = None,
     ) -> None:
         self._url = url
+        #: The session settings of the statements others run on this connection (claims).
+        self._synchronous_commit = synchronous_commit
+        self._statement_timeout = statement_timeout
         self._channels = tuple(channels)
         self._on_message = on_message
         self._on_connect = on_connect
@@ -55,6 +64,18 @@ class Listener:
             await stop_tasks([self._task])
             self._task = None
 
+    async def connection(self, timeout: float) -> asyncpg.Connection:
+        """The listening connection, once connected (waits up to ``timeout`` seconds while it
+        reconnects). Statements run on it between notifications; a caller that finds it broken
+        terminates it, and the listener connects again and catches up."""
+        async with asyncio.timeout(timeout):
+            while True:
+                await self.connected.wait()
+                conn = self._conn
+                if conn is not None and not conn.is_closed():
+                    return conn
+                await asyncio.sleep(0.01)  # between a loss and the flag cleared
+
     @property
     def backend_pid(self) -> int | None:
         """The listening connection's server pid (tests terminate it)."""
@@ -72,7 +93,10 @@ class Listener:
                 # asyncio.timeout, not wait_for (which can swallow a cancel on Python 3.11).
                 async with asyncio.timeout(30):
                     live: asyncpg.Connection = await db.connect(
-                        self._url, application_name="taskfleet-worker-listen"
+                        self._url,
+                        application_name="taskfleet-worker-listen",
+                        synchronous_commit=self._synchronous_commit,
+                        statement_timeout=self._statement_timeout,
                     )
                 conn = live
                 live.add_termination_listener(lambda _c, lost=lost: lost.set())

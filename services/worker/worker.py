@@ -119,9 +119,27 @@ class Worker:
         url = settings.database_url
         sync = settings.synchronous_commit
         pooled = settings.pooled
-        self._claim_db = Database(
-            url, "taskfleet-worker-claim", synchronous_commit=sync, pooled=pooled
+        self.listener = Listener(
+            settings.listen_url,
+            channels=(queries.TASK_READY_CHANNEL, protocol.CONFIG_CHANNEL),
+            on_message=self._on_notification,
+            on_connect=self._on_listener_connect,
+            metrics=self.metrics,
+            synchronous_commit=sync,
+            statement_timeout=STATEMENT_TIMEOUT,
         )
+        if pooled:
+            # Behind a transaction-mode pooler the claims run on the direct LISTEN connection:
+            # prepared, one round trip, and no NOTIFY herd queueing in the pooler (every
+            # idle worker claims at each wake-up; through PgBouncer, two round trips each).
+            self._claim_db = Database(
+                settings.listen_url,
+                "taskfleet-worker-listen",
+                synchronous_commit=sync,
+                borrow=self.listener.connection,
+            )
+        else:
+            self._claim_db = Database(url, "taskfleet-worker-claim", synchronous_commit=sync)
         self._io_db = Database(url, "taskfleet-worker-io", synchronous_commit=sync, pooled=pooled)
         # The heartbeat on a connection of its own, bounded well inside the lease: a slow
         # finish or config read must never cost the leases of everything running here.
@@ -211,13 +229,6 @@ class Worker:
             database=self._io_db, registry=registry, metrics=self.metrics, sleep=self._sleep
         )
         self._scheduler_loop: asyncio.Task[None] | None = None
-        self.listener = Listener(
-            settings.listen_url,
-            channels=(queries.TASK_READY_CHANNEL, protocol.CONFIG_CHANNEL),
-            on_message=self._on_notification,
-            on_connect=self._on_listener_connect,
-            metrics=self.metrics,
-        )
 
     # ----------------------------------------------------------------------------------------
     # What others read

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-import pytest
 
 from taskfleet.shared import db
 from taskfleet.shared import queries as q
@@ -162,32 +161,6 @@ async def ensure_grouping(conn: asyncpg.Connection, configured: Sequence[str]) -
     raise AssertionError("re-grouping did not settle")
 
 
-#: How :func:`claim` runs the claim: the statement itself (a direct worker), or its server-side
-#: function (a worker behind a transaction-mode pooler). Test modules switch it with
-#: :func:`claim_path` to run every claim test both ways.
-CLAIM_PATHS = ("statement", "function")
-_claim_path = ["statement"]
-
-
-def claim_path(path: str) -> None:
-    if path not in CLAIM_PATHS:
-        raise ValueError(path)
-    _claim_path[0] = path
-
-
-@pytest.fixture(params=CLAIM_PATHS)
-def both_claim_paths(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Run a test with the claim as a direct worker runs it (the statement) and as a worker
-    behind a pooler does (its server-side function). Import it and use it by mark."""
-    claim_path(request.param)
-    yield
-    claim_path("statement")
-
-
-def claim_query(query: q.Query) -> q.Query:
-    return q.server_function_call(query) if _claim_path[0] == "function" else query
-
-
 async def claim(
     conn: asyncpg.Connection,
     *,
@@ -223,11 +196,11 @@ async def claim(
         tags=sorted(tags),
         paused_labels=list(paused_labels),
     )
-    rows = await run(conn, claim_query(q.task_claim), **params)
+    rows = await run(conn, q.task_claim, **params)
     if rows and rows[0]["limits_active"]:
         # As the worker does: a label limit is active, claim with its accounting.
         assert all(r["id"] is None or r["priority"] == CONTROL_PRIORITY for r in rows)
-        rows = await run(conn, claim_query(q.task_claim_limited), **params)
+        rows = await run(conn, q.task_claim_limited, **params)
     assert rows, "task_claim always returns at least one row"
     # The per-statement columns repeat on every row.
     waiting = {(r["strict_waiting"], r["normal_waiting"]) for r in rows}

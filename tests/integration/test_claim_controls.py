@@ -9,17 +9,14 @@ import itertools
 import math
 
 import asyncpg
-import pytest
 
 from taskfleet.shared import db
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.runtime_config import normalise_runtime_config
 from tests.integration.sql import (
     NewTask,
-    both_claim_paths,  # noqa: F401 (a fixture, used by pytestmark)
     claim,
     claim_ids,
-    claim_query,
     connected,
     control_task,
     insert_tasks,
@@ -27,9 +24,6 @@ from tests.integration.sql import (
     run,
     tick,
 )
-
-#: Every test here runs the claim both ways (sql.both_claim_paths).
-pytestmark = pytest.mark.usefixtures("both_claim_paths")
 
 
 async def write_config(conn: asyncpg.Connection, **params: object) -> int:
@@ -149,7 +143,7 @@ async def test_a_group_whose_key_is_paused_is_not_even_probed(conn: asyncpg.Conn
     assert result.ids == []
     (row,) = await run(
         conn,
-        claim_query(q.task_claim_limited),
+        q.task_claim_limited,
         fin_ids=[],
         fin_attempts=[],
         fin_statuses=[],
@@ -198,9 +192,7 @@ async def test_the_plain_claim_takes_nothing_but_control_while_a_limit_is_active
     await write_config(conn, labelLimits={"hot": {"maxInFlight": 5}})
     cold, strict = await insert_tasks(conn, [NewTask(labels=["cold"]), NewTask(priority=2)])
     (config_task,) = await insert_tasks(conn, [control_task()])
-    rows = await run(
-        conn, claim_query(q.task_claim), **plain_claim_params(strict=2, control=1, group=5)
-    )
+    rows = await run(conn, q.task_claim, **plain_claim_params(strict=2, control=1, group=5))
     assert [r["id"] for r in rows] == [config_task]
     assert all(r["limits_active"] for r in rows)
     statuses = await conn.fetch(
@@ -209,9 +201,7 @@ async def test_the_plain_claim_takes_nothing_but_control_while_a_limit_is_active
     assert {r["status"] for r in statuses} == {"pending"}
     # Limits removed: the plain claim takes everything again, and says so.
     await write_config(conn)
-    rows = await run(
-        conn, claim_query(q.task_claim), **plain_claim_params(strict=2, control=0, group=5)
-    )
+    rows = await run(conn, q.task_claim, **plain_claim_params(strict=2, control=0, group=5))
     assert sorted(r["id"] for r in rows) == sorted([cold, strict])
     assert not rows[0]["limits_active"]
 
@@ -304,7 +294,7 @@ async def test_the_rate_limit_bucket_holds_one_seconds_worth(conn: asyncpg.Conne
     assert again.ids == []
     (row,) = await run(
         conn,
-        claim_query(q.task_claim_limited),
+        q.task_claim_limited,
         fin_ids=[],
         fin_attempts=[],
         fin_statuses=[],

@@ -18,7 +18,6 @@ from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
 from tests.integration.sql import (
     LEASE_TTL,
     NewTask,
-    both_claim_paths,  # noqa: F401 (a fixture, used by pytestmark)
     claim,
     claim_ids,
     connected,
@@ -28,9 +27,6 @@ from tests.integration.sql import (
     register_worker,
     run,
 )
-
-#: Every test here runs the claim both ways (sql.both_claim_paths).
-pytestmark = pytest.mark.usefixtures("both_claim_paths")
 
 
 @pytest.fixture

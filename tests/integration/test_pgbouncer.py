@@ -79,16 +79,16 @@ async def test_a_worker_claims_finishes_and_wakes_through_pgbouncer(
     worker = build_worker(database_url, **pooled(pgbouncer, database_url), **NO_POLL)
     run = await start(worker)
     try:
-        # Its three connections (claim, io, tick) go through PgBouncer, the LISTEN connection
-        # does not; all under one application_name, so PgBouncer need not SET it at each
-        # hand-out.
+        # Two connections (io, tick) go through PgBouncer, under one application_name (so
+        # PgBouncer need not SET it at each hand-out); the LISTEN connection does not, and the
+        # claims run on it (a direct session: prepared, one round trip each).
         database = database_name(database_url)
 
-        async def three_clients() -> bool:
-            return len(await clients_through(pgbouncer, database)) == 3
+        async def two_clients() -> bool:
+            return len(await clients_through(pgbouncer, database)) == 2
 
-        await wait_until(three_clients, "the worker's three connections on PgBouncer")
-        assert await clients_through(pgbouncer, database) == ["taskfleet"] * 3
+        await wait_until(two_clients, "the worker's two connections on PgBouncer")
+        assert await clients_through(pgbouncer, database) == ["taskfleet"] * 2
         async with connect(database_url) as conn:
             # Submitted after the worker went idle: with no poll due, only the NOTIFY on the
             # direct LISTEN connection can wake it.
@@ -96,6 +96,49 @@ async def test_a_worker_claims_finishes_and_wakes_through_pgbouncer(
             rows = await wait_tasks(conn, ids, {"completed"})
             assert {r["worker_id"] for r in rows.values()} == {worker.id}
             assert sorted(r["result"]["i"] for r in rows.values()) == list(range(20))
+            # Postgres saw the claims from the listening backend, and from no other of the
+            # worker's (a direct claim connection would be a third application name).
+            names = await conn.fetch(
+                "SELECT application_name, pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name LIKE 'taskfleet-worker-%'"
+            )
+            assert [(r["application_name"], r["pid"]) for r in names] == [
+                ("taskfleet-worker-listen", worker.listener.backend_pid)
+            ]
+            claim_conn = worker._claim_db._conn
+            assert claim_conn is not None
+            assert claim_conn.get_server_pid() == worker.listener.backend_pid
+        assert worker.not_ready_reasons() == []
+    finally:
+        await run.stop()
+
+
+async def test_claims_follow_the_listen_connection_when_it_is_lost(
+    database_url: str, pgbouncer: PgBouncer
+) -> None:
+    # The claims share the direct LISTEN connection: when it dies (idle, or under a claim), the
+    # listener connects again and catches up, and the claims run on the new one.
+    worker = build_worker(database_url, **pooled(pgbouncer, database_url), **NO_POLL)
+    run = await start(worker)
+    try:
+        async with connect(database_url) as conn:
+            (first,) = await submit(conn, "kit.count", [{"key": "lost", "i": 0}])
+            await wait_tasks(conn, [first], {"completed"})
+            old_pid = worker.listener.backend_pid
+            assert old_pid is not None
+            await conn.execute("SELECT pg_terminate_backend($1)", old_pid)
+
+            async def reconnected() -> bool:
+                pid = worker.listener.backend_pid
+                return pid is not None and pid != old_pid
+
+            await wait_until(reconnected, "the listener connects again")
+            ids = await submit(conn, "kit.count", [{"key": "lost", "i": i} for i in range(1, 6)])
+            rows = await wait_tasks(conn, ids, {"completed"})
+            assert all(r["attempts"] == 1 for r in rows.values())
+            claim_conn = worker._claim_db._conn
+            assert claim_conn is not None
+            assert claim_conn.get_server_pid() == worker.listener.backend_pid
         assert worker.not_ready_reasons() == []
     finally:
         await run.stop()

@@ -1,9 +1,9 @@
-"""The claim through its server-side function, as a worker behind a transaction-mode pooler runs
-it (docs/operations.md#pgbouncer): used when installed, the statement itself when not.
+"""The hot statements through their server-side functions, as a worker or the API behind a
+transaction-mode pooler runs them (docs/operations.md#pgbouncer): used when installed, the
+statement itself when not.
 
-The worker's pooled mode is exercised here straight against Postgres (the same protocol path; the
-PgBouncer tests run it through a real pooler). Every claim behaviour test runs through both paths
-(test_claim_query.py, test_claim_controls.py).
+The pooled mode is exercised here straight against Postgres (the same protocol path; the PgBouncer
+tests run it through a real pooler).
 """
 
 from __future__ import annotations
@@ -17,55 +17,29 @@ from taskfleet.api.database import Database as ApiDatabase
 from taskfleet.api.database import fetch_all
 from taskfleet.shared import queries as q
 from taskfleet.worker.database import Database
-from taskfleet.worker.outcomes import finish_params
 from tests.integration import workerkit as kit
-from tests.integration.sql import CLAIMABLE_TYPES, connected, insert_task
+from tests.integration.sql import connected
 
 
-def claim_params() -> dict[str, object]:
-    return dict(
-        **finish_params([]),
-        control_limit=0,
-        strict_limit=0,
-        group_keys=[""],
-        group_limits=[5],
-        probe_strict=False,
-        probe_normal=False,
-        worker_id="w1",
-        lease_ttl=30.0,
-        types=list(CLAIMABLE_TYPES),
-        tags=[],
-        paused_labels=[],
-    )
-
-
-async def test_a_pooled_claim_runs_the_function_and_falls_back_when_it_is_missing(
+async def test_a_pooled_statement_runs_its_function_and_falls_back_when_it_is_missing(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     pooled = Database(database_url, "taskfleet-test", pooled=True)
     try:
         async with connected(database_url) as conn:
-            first = await insert_task(conn)
-            rows = await pooled.fetch(q.task_claim, **claim_params())
-            assert [r["id"] for r in rows] == [first]
-            assert "task_claim" in pooled.by_function
+            first = await kit.insert_config(conn, "fn-1", notify=False)
+            rows = await pooled.fetch(q.runtime_config_latest)
+            assert [r["version"] for r in rows] == [first]
+            assert "runtime_config_latest" in pooled.by_function
 
-            await conn.execute(f"DROP FUNCTION {q.server_function_name(q.task_claim)}")
-            second = await insert_task(conn)
+            await conn.execute(f"DROP FUNCTION {q.server_function_name(q.runtime_config_latest)}")
+            second = await kit.insert_config(conn, "fn-2", notify=False)
             with caplog.at_level(logging.WARNING, logger="taskfleet.worker.database"):
-                rows = await pooled.fetch(q.task_claim, **claim_params())
-            assert [r["id"] for r in rows] == [second]
-            assert "task_claim" not in pooled.by_function
+                rows = await pooled.fetch(q.runtime_config_latest)
+            assert [r["version"] for r in rows] == [second]
+            assert "runtime_config_latest" not in pooled.by_function
             (warning,) = [r.getMessage() for r in caplog.records]
             assert "no server-side function" in warning and "migrate" in warning
-            # Both claimed, each once, by the worker named in the claim.
-            claimed = await conn.fetch(
-                "SELECT id, status, worker_id FROM taskfleet.tasks ORDER BY id"
-            )
-            assert [tuple(r) for r in claimed] == [
-                (first, "running", "w1"),
-                (second, "running", "w1"),
-            ]
     finally:
         await pooled.close()
 
@@ -75,19 +49,19 @@ async def test_the_function_sets_the_commit_mode_and_bounds_its_lock_waits(
 ) -> None:
     # What SET LOCAL gives a statement through a pooler, the function gives its own call: the
     # transaction's synchronous_commit (as the worker's setting says) and a bound on lock waits.
-    call = q.server_function_call(q.task_claim)
+    call = q.server_function_call(q.runtime_config_latest)
     async with connected(database_url) as conn:
         for setting in ("off", "on"):
             async with conn.transaction():
                 await conn.execute("SET LOCAL synchronous_commit = 'local'")
-                sql, args = call.positional({**claim_params(), q.SYNCHRONOUS_COMMIT_PARAM: setting})
+                sql, args = call.positional({q.SYNCHRONOUS_COMMIT_PARAM: setting})
                 await conn.fetch(sql, *args)
                 assert (
                     await conn.fetchval("SELECT current_setting('synchronous_commit')") == setting
                 )
         config = await conn.fetchval(
             "SELECT proconfig FROM pg_proc WHERE oid = to_regproc($1)",
-            q.server_function_name(q.task_claim),
+            q.server_function_name(q.runtime_config_latest),
         )
         assert config == [f"lock_timeout={q.SERVER_FUNCTION_LOCK_TIMEOUT}"]
 
@@ -126,8 +100,9 @@ async def test_the_api_inserts_through_the_function_behind_a_pooler(
         with caplog.at_level(logging.WARNING, logger="taskfleet.api"):
             async with fresh.autocommit() as conn:
                 assert await fresh.routed(conn, q.task_insert_batch) is q.task_insert_batch
-                assert await fresh.routed(conn, q.task_claim) == q.server_function_call(
-                    q.task_claim
+                # The others present still go through theirs.
+                assert await fresh.routed(conn, q.runtime_config_latest) == (
+                    q.server_function_call(q.runtime_config_latest)
                 )
         (warning,) = [r.getMessage() for r in caplog.records]
         assert "task_insert_batch" in warning and "migrate" in warning
@@ -138,7 +113,7 @@ async def test_the_api_inserts_through_the_function_behind_a_pooler(
 async def test_a_pooled_worker_runs_every_hot_statement_through_its_function(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # A worker in pooled mode (straight to Postgres: the same protocol path) claims, finishes,
+    # A worker in pooled mode (straight to Postgres: the same protocol path) finishes tasks,
     # delivers a cancel (heartbeat), applies and acknowledges a config version, and gives a task
     # back at shutdown: each through its server-side function, none falling back.
     kit.gate("pooled")  # never opened: both block until cancelled or released
@@ -169,17 +144,15 @@ async def test_a_pooled_worker_runs_every_hot_statement_through_its_function(
             row = (await kit.task_rows(conn, [released]))[released]
             assert (row["status"], row["attempts"]) == ("pending", 0), row["last_error"]
     used = {
-        "task_claim",
         "task_finish_batch",
         "task_release",
         "worker_tick",
         "runtime_config_latest",
         "worker_applied_config",
     }
-    by_function = (
-        worker._claim_db.by_function | worker._io_db.by_function | worker._tick_db.by_function
-    )
-    assert used <= by_function
+    assert used <= worker._io_db.by_function | worker._tick_db.by_function
+    # The claims ran on the direct LISTEN connection, prepared (no function needed).
+    assert worker._claim_db.by_function == frozenset()
     assert [r.getMessage() for r in caplog.records if "server-side" in r.getMessage()] == []
     assert worker.metrics.heartbeat_failures._value.get() == 0
 
