@@ -1595,22 +1595,19 @@ def server_max_connections_set(max_connections: int) -> str:
 
 #: Statements that a worker or the API behind a transaction-mode pooler runs through a PL/pgSQL
 #: function of the same text: the insert of submitted tasks, and every statement a worker sends
-#: through the pooler per task or per tick (outcomes, releases at shutdown, the heartbeat, the
-#: config reads and ACKs that convergence waits for). Through a pooler nothing stays prepared,
-#: so each would be parsed and planned again on every call and run inside BEGIN/SET LOCAL/COMMIT
-#: (four round trips); a function's plan is cached on each server connection, which the pooler
-#: keeps open, and its call is one statement (two round trips). The claims need none: behind a
-#: pooler they run on the worker's direct LISTEN connection, prepared. Direct connections keep
-#: every statement prepared and do not use them. Installed by ``taskfleet migrate`` (one per
-#: text: a changed statement gets a new function, and workers of the old code keep theirs
-#: during a rollout).
+#: through the pooler per task or per tick (outcomes, releases at shutdown, the heartbeat).
+#: Through a pooler nothing stays prepared, so each would be parsed and planned again on every
+#: call and run inside BEGIN/SET LOCAL/COMMIT (four round trips); a function's plan is cached on
+#: each server connection, which the pooler keeps open, and its call is one statement (two round
+#: trips). The claims and the config reads and ACKs need none: behind a pooler they run on the
+#: worker's direct LISTEN session, prepared. Direct connections keep every statement prepared
+#: and do not use them. Installed by ``taskfleet migrate`` (one per text: a changed statement
+#: gets a new function, and workers of the old code keep theirs during a rollout).
 SERVER_FUNCTIONS: tuple[Query, ...] = (
     task_insert_batch,
     task_finish_batch,
     task_release,
     worker_tick,
-    runtime_config_latest,
-    worker_applied_config,
 )
 
 _SERVER_FUNCTION_SCHEMA = "taskfleet"

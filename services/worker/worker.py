@@ -160,7 +160,10 @@ class Worker:
         )
         self.config = ConfigFollower(
             worker_id=self.id,
-            database=self._io_db,
+            # Behind a pooler on the LISTEN session too: every worker reads and ACKs each
+            # version at the same moment, and through the pooler that herd queued like the
+            # claims' did (convergence waits for the slowest ACK).
+            database=self._claim_db if pooled else self._io_db,
             planner=self.planner,
             metrics=self.metrics,
             on_applied=lambda: self.claim_loop.hint_work(),

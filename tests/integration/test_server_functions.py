@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import asyncpg
 import pytest
 
 from bench.systems import taskfleet_insert_params
@@ -18,7 +19,22 @@ from taskfleet.api.database import fetch_all
 from taskfleet.shared import queries as q
 from taskfleet.worker.database import Database
 from tests.integration import workerkit as kit
-from tests.integration.sql import connected
+from tests.integration.sql import connected, insert_task
+
+
+def release_params(task_id: int) -> dict[str, object]:
+    return dict(ids=[task_id], attempts=[1], worker_id="w1", reason="test release")
+
+
+async def _running(conn: asyncpg.Connection) -> int:
+    """A task claimed by w1 (attempt 1), as a claim leaves it."""
+    task_id = await insert_task(conn)
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET status = 'running', worker_id = 'w1', attempts = 1,"
+        " started_at = now(), lease_expires_at = now() + interval '1 minute' WHERE id = $1",
+        task_id,
+    )
+    return task_id
 
 
 async def test_a_pooled_statement_runs_its_function_and_falls_back_when_it_is_missing(
@@ -27,17 +43,17 @@ async def test_a_pooled_statement_runs_its_function_and_falls_back_when_it_is_mi
     pooled = Database(database_url, "taskfleet-test", pooled=True)
     try:
         async with connected(database_url) as conn:
-            first = await kit.insert_config(conn, "fn-1", notify=False)
-            rows = await pooled.fetch(q.runtime_config_latest)
-            assert [r["version"] for r in rows] == [first]
-            assert "runtime_config_latest" in pooled.by_function
+            first = await _running(conn)
+            rows = await pooled.fetch(q.task_release, **release_params(first))
+            assert [(r["id"], r["status"]) for r in rows] == [(first, "pending")]
+            assert "task_release" in pooled.by_function
 
-            await conn.execute(f"DROP FUNCTION {q.server_function_name(q.runtime_config_latest)}")
-            second = await kit.insert_config(conn, "fn-2", notify=False)
+            await conn.execute(f"DROP FUNCTION {q.server_function_name(q.task_release)}")
+            second = await _running(conn)
             with caplog.at_level(logging.WARNING, logger="taskfleet.worker.database"):
-                rows = await pooled.fetch(q.runtime_config_latest)
-            assert [r["version"] for r in rows] == [second]
-            assert "runtime_config_latest" not in pooled.by_function
+                rows = await pooled.fetch(q.task_release, **release_params(second))
+            assert [(r["id"], r["status"]) for r in rows] == [(second, "pending")]
+            assert "task_release" not in pooled.by_function
             (warning,) = [r.getMessage() for r in caplog.records]
             assert "no server-side function" in warning and "migrate" in warning
     finally:
@@ -49,19 +65,21 @@ async def test_the_function_sets_the_commit_mode_and_bounds_its_lock_waits(
 ) -> None:
     # What SET LOCAL gives a statement through a pooler, the function gives its own call: the
     # transaction's synchronous_commit (as the worker's setting says) and a bound on lock waits.
-    call = q.server_function_call(q.runtime_config_latest)
+    call = q.server_function_call(q.task_release)
     async with connected(database_url) as conn:
         for setting in ("off", "on"):
             async with conn.transaction():
                 await conn.execute("SET LOCAL synchronous_commit = 'local'")
-                sql, args = call.positional({q.SYNCHRONOUS_COMMIT_PARAM: setting})
+                sql, args = call.positional(
+                    {**release_params(0), q.SYNCHRONOUS_COMMIT_PARAM: setting}
+                )
                 await conn.fetch(sql, *args)
                 assert (
                     await conn.fetchval("SELECT current_setting('synchronous_commit')") == setting
                 )
         config = await conn.fetchval(
             "SELECT proconfig FROM pg_proc WHERE oid = to_regproc($1)",
-            q.server_function_name(q.runtime_config_latest),
+            q.server_function_name(q.task_release),
         )
         assert config == [f"lock_timeout={q.SERVER_FUNCTION_LOCK_TIMEOUT}"]
 
@@ -101,8 +119,8 @@ async def test_the_api_inserts_through_the_function_behind_a_pooler(
             async with fresh.autocommit() as conn:
                 assert await fresh.routed(conn, q.task_insert_batch) is q.task_insert_batch
                 # The others present still go through theirs.
-                assert await fresh.routed(conn, q.runtime_config_latest) == (
-                    q.server_function_call(q.runtime_config_latest)
+                assert await fresh.routed(conn, q.task_release) == (
+                    q.server_function_call(q.task_release)
                 )
         (warning,) = [r.getMessage() for r in caplog.records]
         assert "task_insert_batch" in warning and "migrate" in warning
@@ -114,8 +132,9 @@ async def test_a_pooled_worker_runs_every_hot_statement_through_its_function(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A worker in pooled mode (straight to Postgres: the same protocol path) finishes tasks,
-    # delivers a cancel (heartbeat), applies and acknowledges a config version, and gives a task
-    # back at shutdown: each through its server-side function, none falling back.
+    # delivers a cancel (heartbeat) and gives a task back at shutdown, each through its
+    # server-side function, none falling back; it applies and acknowledges a config version on
+    # its LISTEN session.
     kit.gate("pooled")  # never opened: both block until cancelled or released
     with caplog.at_level(logging.WARNING, logger="taskfleet.worker.database"):
         async with kit.connect(database_url) as conn:
@@ -143,15 +162,10 @@ async def test_a_pooled_worker_runs_every_hot_statement_through_its_function(
                 await run.stop()
             row = (await kit.task_rows(conn, [released]))[released]
             assert (row["status"], row["attempts"]) == ("pending", 0), row["last_error"]
-    used = {
-        "task_finish_batch",
-        "task_release",
-        "worker_tick",
-        "runtime_config_latest",
-        "worker_applied_config",
-    }
+    used = {"task_finish_batch", "task_release", "worker_tick"}
     assert used <= worker._io_db.by_function | worker._tick_db.by_function
-    # The claims ran on the direct LISTEN connection, prepared (no function needed).
+    # The claims, the config reads and ACKs ran on the direct LISTEN connection, prepared (no
+    # function needed).
     assert worker._claim_db.by_function == frozenset()
     assert [r.getMessage() for r in caplog.records if "server-side" in r.getMessage()] == []
     assert worker.metrics.heartbeat_failures._value.get() == 0
