@@ -3,9 +3,9 @@
 Notifications are hints. Whatever they say, the worker re-reads the database row (the truth), so
 a lost notification costs latency, never correctness (the tick polls as a fallback).
 
-Behind a transaction-mode pooler the worker's claims run on this connection too
-(:meth:`Listener.connection`): it is a direct session, so the claim stays prepared and takes one
-round trip, and the worker opens no further connection to Postgres for it.
+Behind a transaction-mode pooler the worker's claims, config reads and ACKs run on this
+connection too (:meth:`Listener.connection`): it is a direct session, so they stay prepared and
+take one round trip each, and the worker opens no further connection to Postgres for them.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Listener:
         statement_timeout: float | None = None,
     ) -> None:
         self._url = url
-        #: The session settings of the statements others run on this connection (claims).
+        #: The session settings of the statements others run on this connection (claims, config).
         self._synchronous_commit = synchronous_commit
         self._statement_timeout = statement_timeout
         self._channels = tuple(channels)
