@@ -140,6 +140,11 @@ class Database:
         return rows
 
     @property
+    def statement_bound(self) -> float:
+        """The longest one statement on this connection can take (the client's timeout)."""
+        return self._timeout + CLIENT_TIMEOUT_MARGIN
+
+    @property
     def by_function(self) -> frozenset[str]:
         """The statements this connection runs through their server-side function."""
         return frozenset(self._calls)

@@ -11,6 +11,7 @@ keeps time and talks to the database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -82,6 +83,14 @@ class Heartbeat:
         self._state = state
         self._handlers = handlers
         self._clock = clock
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """End the loop after the tick in flight, if any, has returned. Cancelling it instead
+        could leave that tick running on the server after the worker marked its row offline,
+        and the tick re-asserts the row's status (draining): a stopped worker's row said
+        draining."""
+        self._stopping.set()
 
     async def run(self) -> None:
         settings = self._settings
@@ -94,7 +103,11 @@ class Heartbeat:
         retention = settings.retention
         prune_statuses, prune_keep = retention.task_cutoffs()
         while True:
-            await asyncio.sleep(max(0.0, min(next_tick, next_sweep) - self._clock()))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, min(next_tick, next_sweep) - self._clock())):
+                    await self._stopping.wait()
+            if self._stopping.is_set():
+                return
             now = self._clock()
             sweep = now >= next_sweep - interval / 2
             state = self._state()

@@ -478,6 +478,11 @@ class Worker:
         while self.outcomes.busy and self.clock() < deadline:
             self.outcomes.kick()
             await asyncio.sleep(0.02)
+        # The heartbeat first, and not by a cancel: a tick cut off mid-statement could still
+        # commit on the server after the row is marked offline below (it says draining).
+        self.heartbeat.stop()
+        if len(self._loops) > 2:
+            await asyncio.wait([self._loops[2]], timeout=self._tick_db.statement_bound)
         await stop_tasks(self._loops[1:])
         if len(self.outcomes):
             log.error("could not write %d outcome(s); their leases will expire", len(self.outcomes))
