@@ -7,11 +7,13 @@ Through a transaction-mode pooler (``TASKFLEET_DATABASE_POOLER=transaction``) a 
 nothing in its session: each statement runs in a transaction of its own that starts with
 ``SET LOCAL`` of the connection's settings (statement timeout, synchronous commit), and is
 prepared unnamed each time. Four round trips instead of one; the pooler's server connection is
-held for exactly that transaction. Nothing stays prepared, so the claim runs through its
-server-side function (queries.SERVER_FUNCTIONS), whose plan the server connection caches: a
-claim is not parsed and planned again every time. That call is one statement in its own
-implicit transaction (the function sets synchronous_commit and bounds its lock waits; the
-client cancels a call that outlives the statement timeout): two round trips, not four.
+held for exactly that transaction. Nothing stays prepared, so the hot statements run through
+their server-side functions (queries.SERVER_FUNCTIONS), whose plans the server connection
+caches: they are not parsed and planned again every time. Such a call is one statement in its
+own implicit transaction (the function sets synchronous_commit and bounds its lock waits; the
+client cancels a call that outlives the statement timeout): two round trips, not four. The
+claims (and config reads) behind a pooler do not come here: they borrow the worker's direct
+LISTEN session (``borrow``), where they stay prepared.
 """
 
 from __future__ import annotations
