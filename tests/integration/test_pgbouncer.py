@@ -28,6 +28,7 @@ from taskfleet.shared.queries import Query
 from taskfleet.shared.settings import ApiSettings, WorkerSettings
 from taskfleet.testing import with_database
 from taskfleet.worker.database import Database
+from taskfleet.worker.worker import Worker
 from tests.integration.workerkit import (
     build_worker,
     connect,
@@ -73,6 +74,13 @@ async def kill_server_connections(bouncer: PgBouncer, database_url: str) -> int:
     return len(pids)
 
 
+def assert_claims_on_the_listen_session(worker: Worker) -> None:
+    """The worker's last claim ran on its LISTEN connection (behind a pooler)."""
+    claim_conn = worker._claim_db._conn
+    assert claim_conn is not None
+    assert claim_conn.get_server_pid() == worker.listener.backend_pid
+
+
 async def test_a_worker_claims_finishes_and_wakes_through_pgbouncer(
     database_url: str, pgbouncer: PgBouncer
 ) -> None:
@@ -105,9 +113,7 @@ async def test_a_worker_claims_finishes_and_wakes_through_pgbouncer(
             assert [(r["application_name"], r["pid"]) for r in names] == [
                 ("taskfleet-worker-listen", worker.listener.backend_pid)
             ]
-            claim_conn = worker._claim_db._conn
-            assert claim_conn is not None
-            assert claim_conn.get_server_pid() == worker.listener.backend_pid
+            assert_claims_on_the_listen_session(worker)
         assert worker.not_ready_reasons() == []
     finally:
         await run.stop()
@@ -136,9 +142,7 @@ async def test_claims_follow_the_listen_connection_when_it_is_lost(
             ids = await submit(conn, "kit.count", [{"key": "lost", "i": i} for i in range(1, 6)])
             rows = await wait_tasks(conn, ids, {"completed"})
             assert all(r["attempts"] == 1 for r in rows.values())
-            claim_conn = worker._claim_db._conn
-            assert claim_conn is not None
-            assert claim_conn.get_server_pid() == worker.listener.backend_pid
+            assert_claims_on_the_listen_session(worker)
         assert worker.not_ready_reasons() == []
     finally:
         await run.stop()
