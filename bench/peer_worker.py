@@ -18,6 +18,9 @@ import contextlib
 import signal
 import sys
 from datetime import timedelta
+from typing import Any
+
+from bench.stamps import stamp
 
 #: The task every peer runs: does nothing.
 NOOP = "noop"
@@ -40,8 +43,8 @@ async def run_pgqueuer(dsn: str, drain: bool) -> None:
     qm = QueueManager(Queries(AsyncpgDriver(conn)))
 
     @qm.entrypoint(NOOP)
-    async def noop(job: object) -> None:
-        return None
+    async def noop(job: Any) -> None:
+        stamp(job.id)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -79,9 +82,9 @@ async def run_procrastinate(dsn: str, drain: bool, concurrency: int, name: str) 
     # on, polling 5 s); only the concurrency is set, as the benchmark asks.
     app = App(connector=PsycopgConnector(conninfo=dsn, kwargs={"application_name": name}))
 
-    @app.task(name=NOOP)
-    async def noop() -> None:
-        return None
+    @app.task(name=NOOP, pass_context=True)
+    async def noop(context: Any) -> None:
+        stamp(context.job.id)
 
     async with app.open_async():
         worker = asyncio.create_task(

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from bench import processes
+from bench import processes, stamps
 from bench.peer_worker import NOOP
 from taskfleet.shared import db, migrations, protocol, queries
 from taskfleet.shared.policy.lanes import lane_for_priority
@@ -40,7 +40,9 @@ class Window:
 class Submitter(Protocol):
     """One enqueue path of one system: one task per call, or many in one call."""
 
-    async def one(self) -> None: ...
+    async def one(self) -> int:
+        """Enqueue one task; its id (its handler stamps that id: bench.stamps)."""
+        ...
 
     async def many(self, n: int) -> None: ...
 
@@ -108,9 +110,10 @@ def taskfleet_insert_params(
     }
 
 
-async def taskfleet_insert(conn: asyncpg.Connection, params: dict[str, Any]) -> None:
+async def taskfleet_insert(conn: asyncpg.Connection, params: dict[str, Any]) -> list[int]:
+    """The tasks' ids, in submission order."""
     sql, args = queries.task_insert_batch.positional(params)
-    await conn.execute(sql, *args)
+    return [int(row["id"]) for row in await conn.fetch(sql, *args)]
 
 
 class TaskfleetPython:
@@ -118,10 +121,12 @@ class TaskfleetPython:
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
-        self._one = taskfleet_insert_params(1)
+        # A single task is the stamping no-op (bench.stamps), as the peers' single jobs are.
+        self._one = taskfleet_insert_params(1, task_type=stamps.STAMP_TYPE)
 
-    async def one(self) -> None:
-        await taskfleet_insert(self.conn, self._one)
+    async def one(self) -> int:
+        (task_id,) = await taskfleet_insert(self.conn, self._one)
+        return task_id
 
     async def many(self, n: int) -> None:
         await taskfleet_insert(self.conn, taskfleet_insert_params(n))
@@ -146,6 +151,7 @@ class Taskfleet:
         return {
             "DATABASE_URL": url,
             "TASKFLEET_LOG_LEVEL": "WARNING",
+            "TASKFLEET_TASK_MODULES": "bench.stamp_task",
             "TASKFLEET_SYNCHRONOUS_COMMIT": "true" if self.synchronous_commit else "false",
         }
 
@@ -228,8 +234,9 @@ class PgqueuerSubmitter:
         self.conn = conn
         self.queries = Queries(AsyncpgDriver(conn))
 
-    async def one(self) -> None:
-        await self.queries.enqueue(NOOP, None)
+    async def one(self) -> int:
+        (job_id,) = await self.queries.enqueue(NOOP, None)
+        return int(job_id)
 
     async def many(self, n: int) -> None:
         await self.queries.enqueue([NOOP] * n, [None] * n, [0] * n)
@@ -297,8 +304,8 @@ class ProcrastinateSubmitter:
         self.task = task
         self.owner = owner
 
-    async def one(self) -> None:
-        await self.task.defer_async()
+    async def one(self) -> int:
+        return int(await self.task.defer_async())
 
     async def many(self, n: int) -> None:
         await self.task.batch_defer_async(*([{}] * n))

@@ -29,6 +29,20 @@ async def test_drain_harness_drains_taskfleet(pg_server_url: str) -> None:
     assert window.seconds > 0
 
 
+async def test_pickup_harness_stamps_every_handler_start(pg_server_url: str) -> None:
+    from bench.latency import measure_pickup
+
+    templates = Templates(pg_server_url)
+    try:
+        pickup = await measure_pickup(templates, Taskfleet(), tasks=20, interval=0.005, settle=0.2)
+    finally:
+        await templates.close()
+    assert len(pickup.seconds) == 20
+    # One handler stamp per submitted task, each after its submission began.
+    assert len(pickup.handler_seconds) == 20
+    assert all(s > 0 for s in pickup.handler_seconds)
+
+
 async def test_wire_counter_counts_each_statement(pg_server_url: str) -> None:
     url = with_database(pg_server_url, "postgres")
     parts = urlsplit(url)
