@@ -17,9 +17,10 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from taskfleet import __version__
-from taskfleet.api import bulk, console, health, schedules, stats, tasks, workers
+from taskfleet.api import bulk, config_signals, console, health, schedules, stats, tasks, workers
 from taskfleet.api.auth import Authenticator
 from taskfleet.api.body_limit import BodyLimit
+from taskfleet.api.config_signals import ConfigSignals
 from taskfleet.api.database import Database
 from taskfleet.api.deps import ApiState
 from taskfleet.api.errors import install_error_handlers
@@ -58,10 +59,14 @@ def create_app(settings: ApiSettings) -> FastAPI:
             settings.database_url, pool_size=settings.db_pool_size, pooled=settings.pooled
         )
         state.shutdown.bind()
+        signals = state.config_signals = ConfigSignals(config_signals.listen_url(settings))
+        signals.start()
         try:
             yield
         finally:
             state.shutdown.begin()
+            state.config_signals = None
+            await signals.stop()
             database, state.database = state.database, None
             await database.dispose()
 

@@ -10,12 +10,15 @@ polls, so any replica can serve a stream, and a client that lost one re-attaches
 ``GET /runtime-config/requests/{request_id}?watch=true``.
 
 Each poll borrows one pooled connection for a few short statements and gives it back; an open
-stream holds no connection while it waits.
+stream holds no connection while it waits. Between polls it waits for the fleet to move
+(:mod:`taskfleet.api.config_signals`: a version announced, a worker's ACK), or for its poll
+interval when no notification comes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -26,6 +29,7 @@ from urllib.parse import quote
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from taskfleet.api.config_signals import ConfigSignals
 from taskfleet.api.database import Database, DatabaseUnavailable, Row, fetch_all, fetch_one
 from taskfleet.api.negotiation import JSON, SSE
 from taskfleet.api.shutdown import Shutdown
@@ -49,8 +53,11 @@ POLL_MIN_SECONDS = 0.02
 POLL_MAX_SECONDS = 0.2
 POLL_GROWTH = 1.5
 #: How long after the database shows a change's outcome the stream keeps polling quickly for
-#: the update task's result (it normally comes within milliseconds).
+#: the update task's result (it normally comes within milliseconds, without a notification).
 OUTCOME_IMMINENT_SECONDS = 2.0
+#: That quick polling: from this pause, growing by POLL_GROWTH, up to IMMINENT_POLL_MAX_SECONDS.
+IMMINENT_POLL_MIN_SECONDS = 0.002
+IMMINENT_POLL_MAX_SECONDS = 0.02
 #: A progress event goes out at least this often, changed or not, so that clients and proxies
 #: can tell a quiet stream from a dead one.
 PROGRESS_HEARTBEAT_SECONDS = 15.0
@@ -290,12 +297,14 @@ async def watch_request(
     timeout: float,
     gone: Callable[[], Awaitable[bool]] | None = None,
     shutdown: Shutdown | None = None,
+    signals: ConfigSignals | None = None,
 ) -> AsyncIterator[Event]:
     """The events of one config request, ``first`` (the ``enqueued`` event) first, then
     ``version``, ``progress`` whenever the fleet moves (or every heartbeat), one final event.
 
     Stops early, without a final event, when ``gone()`` says the client left or the server
-    begins to stop (the client re-attaches by the request id).
+    begins to stop (the client re-attaches by the request id). With ``signals``, a notification
+    on the config channels ends each wait between polls early.
     """
     yield first
     loop = asyncio.get_running_loop()
@@ -307,8 +316,12 @@ async def watch_request(
     interval = POLL_MIN_SECONDS
     #: When the database first showed the outcome the update task has not written yet.
     decided_at: float | None = None
+    #: The last pause was a quick one, waiting for that outcome.
+    imminent = False
     while True:
         changed = False
+        # Before the read: a notification during it still ends the wait after it.
+        moved = signals.next_change() if signals is not None else None
         try:
             snapshot: Snapshot | None = await read_snapshot(database, request_id, version)
         except DatabaseUnavailable as exc:
@@ -339,22 +352,42 @@ async def watch_request(
             if view is None or decide(view) is None:
                 decided_at = None
             else:
-                # The database shows the outcome; the update task is about to write it: look
-                # again soon rather than after the backed-off interval (for a while: a task
-                # that does not come, its worker gone, is waited for at the usual pace).
                 decided_at = now if decided_at is None else decided_at
-                changed = changed or now - decided_at < OUTCOME_IMMINENT_SECONDS
         if now >= deadline:
             yield timeout_event(last, version)
             return
         if gone is not None and await gone():
             return
-        interval = POLL_MIN_SECONDS if changed else min(interval * POLL_GROWTH, POLL_MAX_SECONDS)
+        if decided_at is not None and now - decided_at < OUTCOME_IMMINENT_SECONDS:
+            # The database shows the outcome; the update task is about to write its result,
+            # which no notification announces: look again within milliseconds (for a while: a
+            # task that does not come, its worker gone, is waited for at the usual pace).
+            interval = (
+                min(interval * POLL_GROWTH, IMMINENT_POLL_MAX_SECONDS)
+                if imminent
+                else IMMINENT_POLL_MIN_SECONDS
+            )
+            imminent = True
+        else:
+            imminent = False
+            interval = (
+                POLL_MIN_SECONDS if changed else min(interval * POLL_GROWTH, POLL_MAX_SECONDS)
+            )
         pause = min(interval, max(deadline - loop.time(), 0.0))
         if shutdown is None:
-            await asyncio.sleep(pause)
-        elif shutdown.started or await shutdown.sleep(pause):
+            await _pause(pause, moved)
+        elif shutdown.started or await shutdown.sleep(pause, wake=moved):
             return
+
+
+async def _pause(seconds: float, wake: asyncio.Event | None) -> None:
+    """Up to ``seconds``; less when ``wake`` is set."""
+    if wake is None:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await wake.wait()
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,6 +432,7 @@ async def respond(
     first: Event,
     timeout: float,
     shutdown: Shutdown | None = None,
+    signals: ConfigSignals | None = None,
 ) -> Response:
     request_id = str(first["request_id"])
     if media_type == JSON:
@@ -411,6 +445,7 @@ async def respond(
                 timeout=timeout,
                 gone=request.is_disconnected,
                 shutdown=shutdown,
+                signals=signals,
             )
         ]
         final = events[-1] if events and events[-1]["event"] in FINAL_EVENTS else None
@@ -430,7 +465,7 @@ async def respond(
     async def body() -> AsyncIterator[bytes]:
         # Starlette cancels this generator when the client disconnects.
         async for event in watch_request(
-            database, request_id, first, timeout=timeout, shutdown=shutdown
+            database, request_id, first, timeout=timeout, shutdown=shutdown, signals=signals
         ):
             yield encode(event)
 

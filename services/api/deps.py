@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from taskfleet.api.auth import Authenticator
+from taskfleet.api.config_signals import ConfigSignals
 from taskfleet.api.database import Database
 from taskfleet.api.shutdown import Shutdown
 from taskfleet.shared.metrics import ApiMetrics
@@ -33,6 +34,8 @@ class ApiState:
     database: Database | None = field(default=None)
     #: Set when the server begins to stop: long requests answer at once.
     shutdown: Shutdown = field(default_factory=Shutdown)
+    #: Wakes config watchers when the fleet moves; exists while the lifespan runs.
+    config_signals: ConfigSignals | None = field(default=None)
 
 
 def get_state(request: Request) -> ApiState:

@@ -128,7 +128,10 @@ async def _change_config(
             headers={"Location": request_location(submitted.request_id)},
         )
     first = enqueued_event(submitted.request_id, submitted.task_id, submitted.deduplicated)
-    return await respond(request, database, media_type, first, timeout, get_state(request).shutdown)
+    state = get_state(request)
+    return await respond(
+        request, database, media_type, first, timeout, state.shutdown, state.config_signals
+    )
 
 
 #: The body as documented in the OpenAPI schema; it is read and validated by
@@ -384,8 +387,9 @@ async def get_runtime_config_request(
         if media_type is None:
             raise not_acceptable()
         first = enqueued_event(request_id, task_id, deduplicated=True)
+        state = get_state(request)
         return await respond(
-            request, database, media_type, first, timeout, get_state(request).shutdown
+            request, database, media_type, first, timeout, state.shutdown, state.config_signals
         )
     final = final_event(snapshot)
     document: dict[str, Any] = {

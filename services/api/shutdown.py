@@ -10,7 +10,6 @@ request answers 503 with ``Retry-After``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 
 class Shutdown:
@@ -36,12 +35,17 @@ class Shutdown:
     def started(self) -> bool:
         return self._event.is_set() if self._event is not None else self._requested
 
-    async def sleep(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; True (at once) when the server begins to stop."""
-        if self._event is None:
+    async def sleep(self, seconds: float, *, wake: asyncio.Event | None = None) -> bool:
+        """Sleep up to ``seconds``, or until ``wake`` is set; True (at once) when the server
+        begins to stop."""
+        events = [e for e in (self._event, wake) if e is not None]
+        if events:
+            waits = [asyncio.ensure_future(e.wait()) for e in events]
+            try:
+                await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+        else:
             await asyncio.sleep(seconds)
-            return self._requested
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._event.wait()
-        return self._event.is_set()
+        return self.started

@@ -336,6 +336,11 @@ def test_settings_and_secrets_are_ones_the_code_reads(objects: list[dict[str, An
                 assert listed, f"secret.env.example does not document {ref['key']}"
     api_env = {e["name"] for e in worker_env(objects, "taskfleet-api")}
     assert "TASKFLEET_API_TOKENS" in api_env
+    # Both LISTEN (workers: wake-ups and config; the API: config requests) on Postgres itself.
+    assert "TASKFLEET_LISTEN_DATABASE_URL" in api_env
+    assert "TASKFLEET_LISTEN_DATABASE_URL" in {
+        e["name"] for e in worker_env(objects, "taskfleet-worker")
+    }
     assert "TASKFLEET_API_TOKENS" not in {
         e["name"] for e in worker_env(objects, "taskfleet-worker")
     }

@@ -1179,3 +1179,44 @@ async def test_no_alive_worker_is_not_reported_as_converged(
     assert final["event"] == "timeout", events
     assert (final["alive_workers"], final["lagging"]) == (0, [])
     assert "no alive worker" in final["reason"]
+
+
+async def test_a_watcher_is_woken_by_the_fleet_not_by_its_poll(
+    client: httpx.AsyncClient, fleet: list[Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Polls an hour apart: the request can only finish within PATIENCE if the version's
+    # announcement and the workers' ACKs wake the API's watcher (the update task's result, which
+    # nothing announces, is then looked for with the quick polls that follow a decided view).
+    monkeypatch.setattr(config_stream, "POLL_MIN_SECONDS", 3600.0)
+    monkeypatch.setattr(config_stream, "POLL_MAX_SECONDS", 3600.0)
+    response = await client.put(
+        "/runtime-config",
+        json={"labelWeights": {"woken": 3}, "requestID": "woken-1"},
+        headers={"Accept": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["outcome"] == "converged"
+
+
+async def test_without_its_listener_the_api_still_answers_by_polling(
+    database_url: str, fleet: list[Worker]
+) -> None:
+    # The API's LISTEN session cannot connect (nothing listens on port 1): the watchers poll.
+    settings = ApiSettings(
+        database_url=database_url,
+        api_tokens=TOKENS,
+        listen_database_url="postgresql://postgres@127.0.0.1:1/postgres",
+    )
+    with running_api(settings) as api:
+        async with httpx.AsyncClient(
+            base_url=api.url, headers=ADMIN, timeout=httpx.Timeout(PATIENCE)
+        ) as http:
+            response = await http.put(
+                "/runtime-config",
+                json={"labelWeights": {"polled": 2}, "requestID": "polled-1"},
+                headers={"Accept": "application/json"},
+            )
+        signals = api.app.state.api.config_signals
+        assert signals is not None and not signals.connected
+    assert response.status_code == 200, response.text
+    assert response.json()["outcome"] == "converged"
