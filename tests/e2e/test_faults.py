@@ -240,6 +240,19 @@ async def test_postgres_connections_killed_everything_reconnects(database_url: s
                 assert names.count("taskfleet-worker-listen") == 2, names
                 assert "taskfleet-api" in names, names
                 assert any(n.startswith("taskfleet-worker-") for n in names if "listen" not in n)
+                # pg_terminate_backend only signals: wait until those backends have gone. A
+                # request sent on a connection whose backend is still exiting is lost with it
+                # (a 503, by design: the API does not ping a connection in steady use); this
+                # test is about what follows the kill, not about that window.
+                pids = [r["pid"] for r in killed]
+
+                async def gone() -> bool:
+                    left = await conn.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])", pids
+                    )
+                    return left == 0
+
+                await eventually(gone, timeout=30, interval=0.01)
 
                 # Tasks keep flowing: every submission accepted, every task completed once.
                 ids_by_token: dict[str, int] = {}
