@@ -20,7 +20,9 @@ STAMP_FILE_ENV = "BENCH_STAMP_FILE"
 #: taskfleet's stamping task type.
 STAMP_TYPE = "bench.stamp"
 
-_file: IO[str] | None = None
+#: The open stamp file; False once BENCH_STAMP_FILE was found unset (looked up once: the peers'
+#: drains call stamp() for every job).
+_file: IO[str] | bool | None = None
 
 
 def stamp(job_id: int) -> None:
@@ -29,10 +31,9 @@ def stamp(job_id: int) -> None:
     now = time.time()
     if _file is None:
         path = os.environ.get(STAMP_FILE_ENV)
-        if not path:
-            return
-        _file = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the process
-    _file.write(f"{job_id} {now!r}\n")
+        _file = open(path, "a", buffering=1) if path else False  # noqa: SIM115 - kept open
+    if not isinstance(_file, bool):
+        _file.write(f"{job_id} {now!r}\n")
 
 
 def read_stamps(path: Path) -> dict[int, float]:
