@@ -77,6 +77,7 @@ class ConfigSignals:
             try:
                 async with asyncio.timeout(30):
                     conn = await db.connect(self._url, application_name=APPLICATION_NAME)
+                reason = "listening failed"
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 for channel in (protocol.CONFIG_CHANNEL, protocol.CONFIG_ACK_CHANNEL):
                     await conn.add_listener(channel, self._wake)
