@@ -50,3 +50,9 @@ def bind_error(
             f"privileges); choose another port with {port_setting}"
         )
     return exc
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (a log line stays one line), or its type when it has no text."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

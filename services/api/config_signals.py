@@ -18,6 +18,7 @@ import contextlib
 import logging
 
 from taskfleet.shared import db, protocol
+from taskfleet.shared.errors import first_line
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.settings import ApiSettings
 
@@ -93,8 +94,7 @@ class ConfigSignals:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                text = str(exc).strip()
-                detail = text.splitlines()[0] if text else type(exc).__name__
+                detail = first_line(exc)
             finally:
                 self.connected = False
                 if conn is not None:

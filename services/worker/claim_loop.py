@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterable
 import asyncpg
 
 from taskfleet.shared import queries
+from taskfleet.shared.errors import first_line
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.policy.claim_plan import ClaimPlan, ClaimPlanner
 from taskfleet.shared.policy.groups import GroupKey, group_name
 from taskfleet.shared.policy.lanes import Lane
 from taskfleet.shared.settings import WorkerSettings
-from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line, rejected_statement
+from taskfleet.worker.database import DATABASE_ERRORS, Database, rejected_statement
 from taskfleet.worker.executor import Executor
 from taskfleet.worker.outcomes import OutcomeWriter, finish_params, settle
 from taskfleet.worker.slots import Running, Slots

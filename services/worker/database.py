@@ -44,12 +44,6 @@ CONNECT_TIMEOUT = 30.0
 DATABASE_ERRORS: tuple[type[Exception], ...] = (Exception,)
 
 
-def first_line(exc: BaseException) -> str:
-    """An error's first line (a log line stays one line), or its type when it has no text."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 #: SQLSTATE classes of errors that are the statement's own fault (bad data, a broken constraint,
 #: a limit): sending the same statement again cannot succeed.
 _REJECTED_CLASSES = ("22", "23", "42", "54")

@@ -14,13 +14,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from taskfleet.shared.context import make_context
+from taskfleet.shared.errors import first_line
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, Lane
 from taskfleet.shared.registry import PermanentError, TaskRegistry
 from taskfleet.shared.schema import TaskStatus
 from taskfleet.shared.storable import UnstorableResult, cap_text, encode_result, escape_text
-from taskfleet.worker.database import first_line
 from taskfleet.worker.invocation import AttemptTimeout, HandlerRunner
 from taskfleet.worker.isolation import ChildFailed
 from taskfleet.worker.outcomes import RELEASED, ControlResult, Outcome, OutcomeWriter

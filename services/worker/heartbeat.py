@@ -19,11 +19,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from taskfleet.shared import queries
+from taskfleet.shared.errors import first_line
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.policy.retention import RUNTIME_CONFIG_VERSIONS_KEPT
 from taskfleet.shared.settings import WorkerSettings
-from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line
+from taskfleet.worker.database import DATABASE_ERRORS, Database
 
 log = logging.getLogger("taskfleet.worker")
 

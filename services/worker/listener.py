@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import asyncpg
 
 from taskfleet.shared import db, protocol
+from taskfleet.shared.errors import first_line
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
-from taskfleet.worker.database import first_line
 from taskfleet.worker.stopping import stop_tasks
 
 log = logging.getLogger("taskfleet.worker.listener")

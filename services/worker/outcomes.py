@@ -20,11 +20,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from taskfleet.shared import queries
+from taskfleet.shared.errors import first_line
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.schema import TaskStatus
 from taskfleet.shared.storable import escape_text
-from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line, rejected_statement
+from taskfleet.worker.database import DATABASE_ERRORS, Database, rejected_statement
 
 log = logging.getLogger("taskfleet.worker")
 

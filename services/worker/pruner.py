@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from taskfleet.shared import queries
+from taskfleet.shared.errors import first_line
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.retention import (
     PRUNED_RUNTIME_CONFIG,
@@ -23,7 +24,7 @@ from taskfleet.shared.policy.retention import (
     RUNTIME_CONFIG_VERSIONS_KEPT,
     RetentionPolicy,
 )
-from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line
+from taskfleet.worker.database import DATABASE_ERRORS, Database
 
 log = logging.getLogger("taskfleet.worker")
 

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from taskfleet.shared import protocol, queries
+from taskfleet.shared.errors import first_line
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import LoopBackoff
 from taskfleet.shared.policy.lanes import lane_for_priority
@@ -34,7 +35,7 @@ from taskfleet.shared.schedules import (
     schedule_params,
     stored_timing,
 )
-from taskfleet.worker.database import DATABASE_ERRORS, Database, first_line
+from taskfleet.worker.database import DATABASE_ERRORS, Database
 
 log = logging.getLogger("taskfleet.worker")
 

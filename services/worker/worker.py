@@ -32,6 +32,7 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from taskfleet.shared import db, protocol, queries
+from taskfleet.shared.errors import first_line
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.migrations import head_revision, known_revisions, schema_problem
 from taskfleet.shared.policy.backoff import BackoffPolicy, LoopBackoff
@@ -48,7 +49,6 @@ from taskfleet.worker.database import (
     DATABASE_ERRORS,
     STATEMENT_TIMEOUT,
     Database,
-    first_line,
 )
 from taskfleet.worker.executor import Executor
 from taskfleet.worker.heartbeat import Heartbeat, TickHandlers, TickState
