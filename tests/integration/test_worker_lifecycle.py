@@ -215,6 +215,9 @@ async def test_a_drain_lets_a_claim_in_flight_finish_and_loses_nothing_it_carrie
         worker = kit.build_worker(database_url, poll_interval=30.0, drain_timeout=10.0)
         run = await kit.start(worker)
         try:
+            # Its first claim done and the loop asleep: an outcome put now goes to the finish
+            # loop (put while a claim is pending, it would ride that claim instead).
+            await kit.wait_until(lambda: not worker.outcomes.claim_pending, "the claim loop sleeps")
             # Two tasks this worker holds (as if claimed; their handlers never run).
             carried, other = await kit.submit(conn, "demo.echo", [{}, {}], delay=3600)
             await conn.execute(
