@@ -57,17 +57,29 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 
 def session_settings(
-    *, synchronous_commit: bool = True, statement_timeout: float | None = None
+    *,
+    synchronous_commit: bool = True,
+    statement_timeout: float | None = None,
+    generic_plans: bool = False,
 ) -> dict[str, str]:
     """The server settings a connection wants besides its application_name, as Postgres spells
     them. ``statement_timeout`` (seconds): the server ends any statement running longer, and with
     it the locks it holds. A client-side timeout alone cannot: the server does not notice that a
-    client hung up while the statement waits for a lock."""
+    client hung up while the statement waits for a lock.
+
+    ``generic_plans``: the connection's prepared statements always run their generic plan. For
+    the claim: once autovacuum has analysed the tasks table, Postgres otherwise finds the claim's
+    custom plan cheaper and plans the whole statement again on every call (measured: the drain
+    fell from about 3,800 to 1,600 tasks/s, docs/benchmarks.md). Its plan takes the claim's
+    order from the lane's own index whatever the parameters (tests/integration/
+    test_claim_depth.py checks it at a million rows under both modes)."""
     settings: dict[str, str] = {}
     if statement_timeout is not None:
         settings["statement_timeout"] = str(max(1, round(statement_timeout * 1000)))
     if not synchronous_commit:
         settings["synchronous_commit"] = "off"
+    if generic_plans:
+        settings["plan_cache_mode"] = "force_generic_plan"
     return settings
 
 
@@ -104,6 +116,7 @@ async def connect(
     synchronous_commit: bool = True,
     statement_timeout: float | None = None,
     pooled: bool = False,
+    generic_plans: bool = False,
 ) -> asyncpg.Connection:
     """One raw connection, no pool: the worker's hot paths must not pay the pool's reset
     statements (``UNLISTEN *``, ``RESET ALL``, ... on every release).
@@ -120,7 +133,9 @@ async def connect(
     else:
         server_settings.update(
             session_settings(
-                synchronous_commit=synchronous_commit, statement_timeout=statement_timeout
+                synchronous_commit=synchronous_commit,
+                statement_timeout=statement_timeout,
+                generic_plans=generic_plans,
             )
         )
     conn = await asyncpg.connect(

@@ -70,6 +70,7 @@ class Database:
         synchronous_commit: bool = True,
         statement_timeout: float = STATEMENT_TIMEOUT,
         pooled: bool = False,
+        generic_plans: bool = False,
         borrow: Callable[[float], Awaitable[asyncpg.Connection]] | None = None,
     ) -> None:
         self._url = url
@@ -80,9 +81,12 @@ class Database:
         self._synchronous_commit = synchronous_commit
         self._application_name = application_name
         self._pooled = pooled
+        self._generic_plans = generic_plans
         self._begin = queries.transaction_begin(
             db.session_settings(
-                synchronous_commit=synchronous_commit, statement_timeout=statement_timeout
+                synchronous_commit=synchronous_commit,
+                statement_timeout=statement_timeout,
+                generic_plans=generic_plans,
             )
         )
         self._conn: asyncpg.Connection | None = None
@@ -113,6 +117,7 @@ class Database:
                     synchronous_commit=self._synchronous_commit,
                     statement_timeout=self._timeout,
                     pooled=self._pooled,
+                    generic_plans=self._generic_plans,
                 )
         return self._conn
 

@@ -40,11 +40,13 @@ class Listener:
         metrics: WorkerMetrics,
         synchronous_commit: bool = True,
         statement_timeout: float | None = None,
+        generic_plans: bool = False,
     ) -> None:
         self._url = url
         #: The session settings of the statements others run on this connection (claims, config).
         self._synchronous_commit = synchronous_commit
         self._statement_timeout = statement_timeout
+        self._generic_plans = generic_plans
         self._channels = tuple(channels)
         self._on_message = on_message
         self._on_connect = on_connect
@@ -97,6 +99,7 @@ class Listener:
                         application_name="taskfleet-worker-listen",
                         synchronous_commit=self._synchronous_commit,
                         statement_timeout=self._statement_timeout,
+                        generic_plans=self._generic_plans,
                     )
                 conn = live
                 live.add_termination_listener(lambda _c, lost=lost: lost.set())

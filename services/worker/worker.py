@@ -127,6 +127,9 @@ class Worker:
             metrics=self.metrics,
             synchronous_commit=sync,
             statement_timeout=STATEMENT_TIMEOUT,
+            # The claims run their generic plan (db.session_settings says why), here too: behind
+            # a pooler they run on this connection (below).
+            generic_plans=True,
         )
         if pooled:
             # Behind a transaction-mode pooler the claims run on the direct LISTEN connection:
@@ -139,7 +142,9 @@ class Worker:
                 borrow=self.listener.connection,
             )
         else:
-            self._claim_db = Database(url, "taskfleet-worker-claim", synchronous_commit=sync)
+            self._claim_db = Database(
+                url, "taskfleet-worker-claim", synchronous_commit=sync, generic_plans=True
+            )
         self._io_db = Database(url, "taskfleet-worker-io", synchronous_commit=sync, pooled=pooled)
         # The heartbeat on a connection of its own, bounded well inside the lease: a slow
         # finish or config read must never cost the leases of everything running here.

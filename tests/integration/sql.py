@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -159,6 +160,36 @@ async def ensure_grouping(conn: asyncpg.Connection, configured: Sequence[str]) -
         if step["state"] != "regrouping":
             await asyncio.sleep(0.01)
     raise AssertionError("re-grouping did not settle")
+
+
+#: The plan modes a claim is explained under: a worker forces the generic plan (see
+#: taskfleet.shared.db.session_settings); the custom plan is what a claim gets without it.
+PLAN_MODES = {"generic": "force_generic_plan", "custom": "force_custom_plan"}
+
+
+async def explain_prepared(
+    conn: asyncpg.Connection, options: str, sql: str, args: Sequence[Any]
+) -> Any:
+    """``EXPLAIN (options)`` of ``sql`` run as a prepared statement, as the worker runs it: the
+    plan its plan cache chooses under the connection's ``plan_cache_mode``. (EXECUTE takes no
+    protocol parameters: the arguments go as literals the server quotes.)"""
+    await conn.execute(f"PREPARE explained AS {sql}")
+    try:
+        kinds = await conn.fetchval(
+            "SELECT CAST(parameter_types AS text[]) FROM pg_prepared_statements"
+            " WHERE name = 'explained'"
+        )
+        literals = [
+            await conn.fetchval(f"SELECT quote_nullable(CAST($1 AS {kind}))", arg)
+            for kind, arg in zip(kinds, args, strict=True)
+        ]
+        plan = await conn.fetchval(f"EXPLAIN ({options}) EXECUTE explained({', '.join(literals)})")
+        if await conn.fetchval("SHOW plan_cache_mode") == "force_generic_plan":
+            # A generic plan refers to the parameters themselves, not to their values.
+            assert re.search(r"\$\d+", json.dumps(plan)), "not a generic plan"
+        return plan
+    finally:
+        await conn.execute("DEALLOCATE explained")
 
 
 async def claim(

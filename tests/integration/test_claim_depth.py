@@ -15,7 +15,13 @@ import pytest
 
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
-from tests.integration.sql import connected, ensure_grouping, outcome_params
+from tests.integration.sql import (
+    PLAN_MODES,
+    connected,
+    ensure_grouping,
+    explain_prepared,
+    outcome_params,
+)
 
 BIG = 990_000  # group a, the oldest rows: every claim in claim order would walk them first
 SMALL = 10_000  # labelled {b, m}: group b while b is configured, m after the change below
@@ -72,9 +78,15 @@ async def _seed(url: str) -> None:
         assert groups == {"a": BIG, "b": SMALL}
 
 
-@pytest.fixture
-async def conn(seeded_url: str) -> AsyncIterator[asyncpg.Connection]:
+# Both plans stay bounded: the generic one is what a worker runs (with the statistics autovacuum
+# keeps, Postgres would otherwise plan the claim again on every call), the custom one what a
+# claim gets on a connection without that setting.
+@pytest.fixture(params=sorted(PLAN_MODES))
+async def conn(
+    seeded_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[asyncpg.Connection]:
     async with connected(seeded_url) as conn:
+        await conn.execute(f"SET plan_cache_mode = {PLAN_MODES[request.param]}")
         yield conn
 
 
@@ -112,7 +124,7 @@ async def claim_buffers(conn: asyncpg.Connection, **params: Any) -> tuple[int, i
     transaction = conn.transaction()
     await transaction.start()
     try:
-        raw = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", *args)
+        raw = await explain_prepared(conn, "ANALYZE, BUFFERS, FORMAT JSON", sql, args)
     finally:
         await transaction.rollback()
     (doc,) = json.loads(raw) if isinstance(raw, str) else raw
@@ -167,12 +179,14 @@ async def test_a_probe_of_the_normal_lane_is_one_index_probe(conn: asyncpg.Conne
     assert total <= 30
 
 
+@pytest.mark.parametrize("plan", sorted(PLAN_MODES))
 async def test_after_a_label_weights_change_the_moved_group_is_claimed_as_cheaply(
-    seeded_url: str,
+    seeded_url: str, plan: str
 ) -> None:
     # Runs last (file order): b is no longer configured, m is; the 10,000 small rows move from
     # group b to group m, the 990,000 rows of a stay where they are (and are not rewritten).
     async with connected(seeded_url) as conn:
+        await conn.execute(f"SET plan_cache_mode = {PLAN_MODES[plan]}")
         await ensure_grouping(conn, ["a", "m"])
         groups = dict(
             await conn.fetch(

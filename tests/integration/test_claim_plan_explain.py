@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -14,9 +15,11 @@ from taskfleet.shared import queries as q
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
 from tests.integration.sql import (
     CLAIMABLE_TYPES,
+    PLAN_MODES,
     Outcome,
     connected,
     ensure_grouping,
+    explain_prepared,
     outcome_params,
 )
 
@@ -95,9 +98,14 @@ async def _seed(url: str) -> None:
         assert counts["pending"] == ROWS // 10
 
 
-@pytest.fixture
-async def conn(seeded_url: str) -> AsyncIterator[asyncpg.Connection]:
+# The generic plan is the one a worker runs (taskfleet.shared.db.session_settings); the custom
+# one what a claim gets on a connection without that setting. Neither may scan the backlog.
+@pytest.fixture(params=sorted(PLAN_MODES))
+async def conn(
+    seeded_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[asyncpg.Connection]:
     async with connected(seeded_url) as conn:
+        await conn.execute(f"SET plan_cache_mode = {PLAN_MODES[request.param]}")
         yield conn
 
 
@@ -108,7 +116,7 @@ async def explain(
     **params: Any,
 ) -> dict[str, Any]:
     """The planner's plan of ``task_claim`` (or ``query``), prepared with these parameters (not
-    executed)."""
+    executed), under the connection's plan cache mode."""
     sql, args = query.positional(
         {
             **outcome_params(outcomes or [], error="boom"),
@@ -126,7 +134,8 @@ async def explain(
             **params,
         }
     )
-    (plan,) = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args)
+    raw = await explain_prepared(conn, "FORMAT JSON", sql, args)
+    (plan,) = json.loads(raw) if isinstance(raw, str) else raw
     return plan["Plan"]
 
 

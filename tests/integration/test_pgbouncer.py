@@ -114,6 +114,11 @@ async def test_a_worker_claims_finishes_and_wakes_through_pgbouncer(
                 ("taskfleet-worker-listen", worker.listener.backend_pid)
             ]
             assert_claims_on_the_listen_session(worker)
+            # On their generic plan there too (db.session_settings).
+            async with worker._claim_db._lock:
+                listen = worker._claim_db._conn
+                assert listen is not None
+                assert await listen.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
         assert worker.not_ready_reasons() == []
     finally:
         await run.stop()

@@ -310,3 +310,24 @@ async def test_a_wake_up_naming_the_normal_lane_claims_its_task_in_one_round_tri
         )
         assert (await kit.wait_task(conn, task_id, timeout=5.0))["status"] == "completed"
         assert kit.claim_queries(worker) == (claimed + 1, empty)
+
+
+async def test_the_claims_run_their_generic_plan(database_url: str) -> None:
+    # Once autovacuum had analysed the tasks table, Postgres found the claim's custom plan
+    # cheaper and planned the whole statement again on every call: the drain fell from about
+    # 3,800 to 1,600 tasks/s (docs/benchmarks.md). The claim connection forces the generic plan,
+    # whose bounds tests/integration/test_claim_depth.py checks at a million rows.
+    async with kit.connect(database_url) as conn, kit.running_worker(database_url) as worker:
+        await conn.execute("ANALYZE taskfleet.tasks")
+        for i in range(8):  # more than the five custom plans Postgres would try first
+            ids = await kit.submit(conn, "demo.echo", [{"value": i}])
+            await kit.wait_tasks(conn, ids)
+        claims = worker._claim_db
+        async with claims._lock:
+            assert claims._conn is not None
+            plans = await claims._conn.fetch(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE '%claimed AS (%'"
+            )
+    assert plans, "the claim statement is prepared on the claim connection"
+    assert [(p["generic_plans"] > 0, p["custom_plans"]) for p in plans] == [(True, 0)] * len(plans)
