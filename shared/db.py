@@ -67,12 +67,16 @@ def session_settings(
     it the locks it holds. A client-side timeout alone cannot: the server does not notice that a
     client hung up while the statement waits for a lock.
 
-    ``generic_plans``: the connection's prepared statements always run their generic plan. For
-    the claim: once autovacuum has analysed the tasks table, Postgres otherwise finds the claim's
-    custom plan cheaper and plans the whole statement again on every call (measured: the drain
-    fell from about 3,800 to 1,600 tasks/s, docs/benchmarks.md). Its plan takes the claim's
-    order from the lane's own index whatever the parameters (tests/integration/
-    test_claim_depth.py checks it at a million rows under both modes)."""
+    ``generic_plans``: the connection's prepared statements always run their generic plan, and
+    that plan uses no sequential scan. For the claim: once autovacuum has analysed the tasks
+    table, Postgres otherwise finds the claim's custom plan cheaper and plans the whole statement
+    again on every call (the drain fell from about 3,800 to 2,000 tasks/s, docs/benchmarks.md).
+    A generic plan is built once, with the table as it is then: built on an empty table it read
+    the claimed rows by a sequential scan, at every claim however deep the backlog grew (1,300
+    tasks/s) until the next ANALYZE. Without sequential scans it takes the claimed rows by their
+    key and each lane's order from its own index, at any depth (tests/integration/
+    test_claim_depth.py and test_claim_plan_explain.py check both plans at a million rows, and
+    the generic one built on an empty table)."""
     settings: dict[str, str] = {}
     if statement_timeout is not None:
         settings["statement_timeout"] = str(max(1, round(statement_timeout * 1000)))
@@ -80,6 +84,11 @@ def session_settings(
         settings["synchronous_commit"] = "off"
     if generic_plans:
         settings["plan_cache_mode"] = "force_generic_plan"
+        settings["enable_seqscan"] = "off"
+        # A plan that still needs a sequential scan (a tiny table no index serves) carries the
+        # cost that marks it disabled, far above jit_above_cost: the claim would be compiled
+        # (1.7 s a claim, seen through PgBouncer). A claim is small work; JIT only costs it.
+        settings["jit"] = "off"
     return settings
 
 

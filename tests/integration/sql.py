@@ -167,6 +167,16 @@ async def ensure_grouping(conn: asyncpg.Connection, configured: Sequence[str]) -
 PLAN_MODES = {"generic": "force_generic_plan", "custom": "force_custom_plan"}
 
 
+async def plan_as(conn: asyncpg.Connection, mode: str) -> None:
+    """Plan ``conn``'s statements as a worker's claim connection does (``generic``: the settings
+    of db.session_settings(generic_plans=True)) or with a custom plan every time."""
+    if mode == "generic":
+        for name, value in db.session_settings(generic_plans=True).items():
+            await conn.execute(f"SET {name} = '{value}'")
+    else:
+        await conn.execute(f"SET plan_cache_mode = {PLAN_MODES[mode]}")
+
+
 async def explain_prepared(
     conn: asyncpg.Connection, options: str, sql: str, args: Sequence[Any]
 ) -> Any:

@@ -21,6 +21,7 @@ from tests.integration.sql import (
     ensure_grouping,
     explain_prepared,
     outcome_params,
+    plan_as,
 )
 
 BIG = 990_000  # group a, the oldest rows: every claim in claim order would walk them first
@@ -86,7 +87,7 @@ async def conn(
     seeded_url: str, request: pytest.FixtureRequest
 ) -> AsyncIterator[asyncpg.Connection]:
     async with connected(seeded_url) as conn:
-        await conn.execute(f"SET plan_cache_mode = {PLAN_MODES[request.param]}")
+        await plan_as(conn, request.param)
         yield conn
 
 
@@ -186,7 +187,7 @@ async def test_after_a_label_weights_change_the_moved_group_is_claimed_as_cheapl
     # Runs last (file order): b is no longer configured, m is; the 10,000 small rows move from
     # group b to group m, the 990,000 rows of a stay where they are (and are not rewritten).
     async with connected(seeded_url) as conn:
-        await conn.execute(f"SET plan_cache_mode = {PLAN_MODES[plan]}")
+        await plan_as(conn, plan)
         await ensure_grouping(conn, ["a", "m"])
         groups = dict(
             await conn.fetch(

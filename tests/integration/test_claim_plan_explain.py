@@ -21,6 +21,7 @@ from tests.integration.sql import (
     ensure_grouping,
     explain_prepared,
     outcome_params,
+    plan_as,
 )
 
 ROWS = 1_000_000
@@ -105,7 +106,7 @@ async def conn(
     seeded_url: str, request: pytest.FixtureRequest
 ) -> AsyncIterator[asyncpg.Connection]:
     async with connected(seeded_url) as conn:
-        await conn.execute(f"SET plan_cache_mode = {PLAN_MODES[request.param]}")
+        await plan_as(conn, request.param)
         yield conn
 
 
@@ -113,10 +114,11 @@ async def explain(
     conn: asyncpg.Connection,
     outcomes: list[Outcome] | None = None,
     query: q.Query = q.task_claim,
+    document: bool = False,
     **params: Any,
 ) -> dict[str, Any]:
     """The planner's plan of ``task_claim`` (or ``query``), prepared with these parameters (not
-    executed), under the connection's plan cache mode."""
+    executed), under the connection's plan cache mode; ``document``: EXPLAIN's whole answer."""
     sql, args = query.positional(
         {
             **outcome_params(outcomes or [], error="boom"),
@@ -135,8 +137,8 @@ async def explain(
         }
     )
     raw = await explain_prepared(conn, "FORMAT JSON", sql, args)
-    (plan,) = json.loads(raw) if isinstance(raw, str) else raw
-    return plan["Plan"]
+    (doc,) = json.loads(raw) if isinstance(raw, str) else raw
+    return doc if document else doc["Plan"]
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -274,3 +276,42 @@ async def test_the_planned_statement_claims_from_every_lane(conn: asyncpg.Connec
     assert len(rows) == 1 + 3 + 4 + 2 + 2
     assert sum(1 for r in rows if r["priority"] == CONTROL_PRIORITY) == 1
     assert sum(1 for r in rows if 0 < r["priority"] < CONTROL_PRIORITY) == 3
+
+
+@pytest.mark.parametrize("query", [q.task_claim, q.task_claim_limited], ids=lambda q: q.name)
+async def test_a_generic_plan_built_on_an_empty_table_reads_no_table_through(
+    database_url: str, query: q.Query
+) -> None:
+    # A worker's generic plan is built at its first claim, often on an empty table, and kept
+    # until the next ANALYZE. Built so, the claim took its rows by a sequential scan of the
+    # whole table, at every claim, however deep the backlog grew (a drain at a third of its
+    # speed). The claim connection's settings allow no sequential scan.
+    async with connected(database_url) as conn:
+        await plan_as(conn, "generic")
+        # Nor any JIT compilation: a plan that still needs a sequential scan (label_limits) carries
+        # the cost that marks it disabled, and that cost would cross jit_above_cost.
+        await conn.execute("SET jit_above_cost = 0")  # so that only the setting can prevent it
+        doc = await explain(
+            conn,
+            document=True,
+            outcomes=[(1, "completed")],
+            query=query,
+            control_limit=1,
+            strict_limit=3,
+            group_keys=["a", None],
+            group_limits=[5, 2],
+            probe_strict=True,
+            probe_normal=True,
+        )
+    assert "JIT" not in doc
+    plan = doc["Plan"]
+    full = [
+        f"{node['Node Type']} on {node['Relation Name']}"
+        for node in nodes(plan)
+        if node.get("Relation Name") == "tasks" and node["Node Type"] == "Seq Scan"
+    ]
+    assert full == []
+    # The claimed rows by their key (a bitmap of at most one entry per claimed id is fine).
+    assert "tasks_pkey" in {index for _, index in scans_of_tasks(plan)} | {
+        node.get("Index Name") for node in nodes(plan)
+    }

@@ -103,7 +103,11 @@ def test_a_pooled_transaction_sets_the_session_settings_locally() -> None:
         "BEGIN; SET LOCAL statement_timeout = '2500'; SET LOCAL synchronous_commit = 'off'"
     )
     assert queries_module.transaction_begin(db.session_settings()) == "BEGIN"
-    assert db.session_settings(generic_plans=True) == {"plan_cache_mode": "force_generic_plan"}
+    assert db.session_settings(generic_plans=True) == {
+        "plan_cache_mode": "force_generic_plan",
+        "enable_seqscan": "off",
+        "jit": "off",
+    }
     with pytest.raises(ValueError, match="not a setting name"):
         queries_module.transaction_begin({"x; DROP TABLE t": "1"})
 
