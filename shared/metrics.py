@@ -13,7 +13,8 @@ combination a dashboard or an alert reads exists at zero from start-up (``initia
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -60,6 +61,9 @@ LATENCY_BUCKETS = (
 CONVERGENCE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+_Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
+
+
 @dataclass(frozen=True)
 class WorkerMetrics:
     strict_inflight: Gauge
@@ -84,6 +88,21 @@ class WorkerMetrics:
     schedule_runs: Counter
     pruned: Counter
     excluded_workers: Counter
+    #: Labelled series already looked up, by (metric, label values): see :meth:`series`.
+    _series: dict[tuple[object, ...], object] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def series(self, metric: _Metric, *values: str) -> _Metric:
+        """``metric.labels(*values)``, looked up once. The worker moves a few series per task
+        (claims, wait, duration, outcome); ``labels()`` validates and locks on every call, a
+        measurable share of a no-op task's cost. A series is never removed (see
+        :meth:`initialise_groups`), so a cached one stays the registry's."""
+        key = (id(metric), *values)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = metric.labels(*values)
+        return found  # type: ignore[return-value]
 
     def initialise(self, *, types: Iterable[str], channels: Iterable[str]) -> None:
         """Every known label combination at zero: lanes, outcomes of every task type this worker

@@ -294,7 +294,8 @@ class ClaimLoop:
                     continue
                 running = self._start(row)
                 claimed[(running.lane, running.group)] += 1
-            self._metrics.claim_queries.labels("claimed" if claimed else "empty").inc()
+            metrics = self._metrics
+            metrics.series(metrics.claim_queries, "claimed" if claimed else "empty").inc()
             if rows and rows[0]["limits_active"] and not limited:
                 # The database has a limit this worker's config does not show yet: claim again
                 # at once with the accounting (nothing but control was taken; nothing is dry).
@@ -344,10 +345,11 @@ class ClaimLoop:
             timeout=row["timeout"],
             labels=tuple(row["labels"]),
         )
-        self._metrics.claims.labels(
-            lane.value, group_name(group) if lane is Lane.NORMAL else ""
+        metrics = self._metrics
+        metrics.series(
+            metrics.claims, lane.value, group_name(group) if lane is Lane.NORMAL else ""
         ).inc()
-        self._metrics.task_wait.labels(lane.value).observe(max(0.0, row["wait_seconds"] or 0.0))
+        metrics.series(metrics.task_wait, lane.value).observe(max(0.0, row["wait_seconds"] or 0.0))
         self._executor.start(running, row["payload"], cancel_requested=row["cancel_requested"])
         return running
 

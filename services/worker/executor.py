@@ -125,7 +125,8 @@ class Executor:
                 running.thread.add_done_callback(lambda done: self._free(running, done))
             else:
                 self._free(running, None)
-        self._metrics.task_duration.labels(running.lane.value).observe(self._clock() - started)
+        metrics = self._metrics
+        metrics.series(metrics.task_duration, running.lane.value).observe(self._clock() - started)
         if outcome is None:
             return
         self._outcomes.put(outcome)

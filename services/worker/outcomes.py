@@ -112,7 +112,10 @@ class OutcomeWriter:
 
     def put(self, outcome: Outcome) -> None:
         self._queue.append(outcome)
-        self._event.set()
+        if not self.claim_pending or self._stopping:
+            # Otherwise it rides the next claim; a claim loop that goes to wait instead says so
+            # (claim_waiting), which wakes the finish loop then.
+            self._event.set()
 
     def put_back(self, outcomes: list[Outcome], *, refused: bool = False) -> None:
         """Outcomes a failed statement carried: first in line again, never dropped. ``refused``:
@@ -282,7 +285,7 @@ def settle(written: list[Outcome], statuses: dict[int, str], metrics: WorkerMetr
     for outcome in written:
         status = statuses.get(outcome.id)
         if status is not None:
-            metrics.outcomes.labels(outcome.type, outcome.label(status)).inc()
+            metrics.series(metrics.outcomes, outcome.type, outcome.label(status)).inc()
             if outcome.on_written is not None:
                 outcome.on_written()
         else:

@@ -67,6 +67,8 @@ class Slots:
         self.freed = Flag()
         self._metrics = metrics
         self._inflight_gauges = {lane: metrics.inflight.labels(lane.value) for lane in Lane}
+        #: What the gauges were last set to (None: never): publish() sets only what changed.
+        self._published: dict[Lane, int | None] = dict.fromkeys(Lane)
         metrics.concurrency.set(concurrency)
 
     def add(self, running: Running) -> None:
@@ -118,6 +120,13 @@ class Slots:
         return self.concurrency - self.inflight
 
     def publish(self) -> None:
+        """The in-flight gauges, as the counts are now (called at every claim and every freed
+        slot: only a count that changed since the last call is written)."""
+        published = self._published
         for lane, gauge in self._inflight_gauges.items():
-            gauge.set(self._lane_counts[lane])
-        self._metrics.strict_inflight.set(self._lane_counts[Lane.STRICT])
+            count = self._lane_counts[lane]
+            if published[lane] != count:
+                published[lane] = count
+                gauge.set(count)
+                if lane is Lane.STRICT:
+                    self._metrics.strict_inflight.set(count)
