@@ -750,8 +750,87 @@ _LIMIT_TAIL = """
 """
 
 
-def _claim_sql(*, limited: bool) -> str:
-    """The claim statement; ``limited``: with the fleet-wide label limits' accounting."""
+# What a claim answers besides its rows, about each lane and group that came back short (and the
+# lanes it did not ask of): were ready rows skipped because another worker holds them, or is it
+# empty? The worker marks an empty lane or group dry, and asks a contended one again soon. A
+# claim that expects to get all it asks leaves these out (task_claim_steady): their subqueries
+# cost about a tenth of the claim's round trip even when their CASE is false (docs/benchmarks.md,
+# "Where the claim statement's time goes").
+_PROBES = f"""
+    -- A group that came back short: were rows skipped because another worker holds them
+    -- (contended: ask again soon) or is it empty (dry until a hint)? One index probe for the
+    -- first ready row this claim did not take, only for a short group (CASE evaluates lazily).
+    contended AS (
+        SELECT COALESCE(array_agg(s.grp), ARRAY[]::text[]) AS groups
+        FROM (
+            SELECT quota.grp, quota.n,
+                   (SELECT count(*) FROM normal WHERE normal.grp = quota.grp) AS got
+            FROM quota
+        ) AS s
+        -- CASE, not AND: the planner may order AND's operands by cost; CASE probes only a
+        -- group that really came back short.
+        WHERE CASE WHEN s.got < s.n THEN (
+            SELECT t.id FROM taskfleet.tasks t
+            WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = s.grp
+              AND {_CLAIMABLE}
+              AND t.id <> ALL(ARRAY(SELECT normal.id FROM normal WHERE normal.grp = s.grp))
+            ORDER BY t.weight DESC, t.created_at, t.id
+            LIMIT 1
+        ) IS NOT NULL ELSE false END
+    ),
+    -- The strict lane's one probe, "the first ready strict row this claim did not take", asked
+    -- when the cap is full (is strict work waiting?) or when the lane came back short (was it
+    -- contention?): one subquery for both questions (each reference to the table costs planning
+    -- time on every claim).
+    strict_probe AS (
+        SELECT (SELECT count(*) FROM strict) AS got,
+               CASE WHEN CAST(:probe_strict AS boolean)
+                         OR CAST(:strict_limit AS int) > (SELECT count(*) FROM strict) THEN (
+                   SELECT t.id FROM taskfleet.tasks t
+                   WHERE t.status = 'pending' AND t.priority > 0
+                     AND t.priority < {CONTROL_PRIORITY} AND {_CLAIMABLE}
+                     AND t.id <> ALL(ARRAY(SELECT id FROM strict))
+                   ORDER BY t.priority DESC, t.created_at, t.id
+                   LIMIT 1
+               ) IS NOT NULL ELSE false END AS found
+    ),
+    -- Lanes this claim did not ask of: is ready work waiting there? (Index probes, no locks.)
+    -- strict: the cap is full (the saturation counter); normal: every slot went to the strict
+    -- lane, and an empty answer lets an idle worker sleep after one statement, not two.
+    waiting AS (
+        -- Written as "the first row in claim order, LIMIT 1", not EXISTS: an EXISTS without an
+        -- index condition was planned as a sequential scan of the whole table (175 ms at 1M
+        -- rows); ordering by the claim index's own key keeps it a one-row index probe.
+        SELECT CAST(:probe_strict AS boolean) AND strict_probe.found AS strict_waiting,
+               CAST(:strict_limit AS int) > strict_probe.got AND strict_probe.found
+                   AS strict_contended,
+               CAST(:probe_normal AS boolean) AND (
+                   SELECT t.id FROM taskfleet.tasks t
+                   WHERE t.status = 'pending' AND t.priority = 0 AND {_CLAIMABLE}
+                   ORDER BY t.group_key, t.weight DESC, t.created_at, t.id
+                   LIMIT 1
+               ) IS NOT NULL AS normal_waiting
+        FROM strict_probe
+    ),
+"""
+
+
+def _claim_sql(*, limited: bool, probes: bool = True) -> str:
+    """The claim statement; ``limited``: with the fleet-wide label limits' accounting;
+    ``probes``: with the answers about what came back short (see :data:`_PROBES`)."""
+    if limited and not probes:
+        raise ValueError("the limited claim always probes")
+    if probes:
+        waiting = "waiting.strict_waiting, waiting.normal_waiting"
+        contended = "contended.groups AS contended_groups, waiting.strict_contended"
+        answered_by = "waiting CROSS JOIN contended CROSS JOIN "
+    else:
+        # Nothing asked, nothing answered: a shortfall of this claim is not known to be dryness
+        # or contention (the worker asks again with the probes).
+        waiting = "false AS strict_waiting, false AS normal_waiting"
+        contended = "ARRAY[]::text[] AS contended_groups, false AS strict_contended"
+        answered_by = ""
+    probe_ctes = _PROBES if probes else ""
     limit_head = _LIMIT_HEAD if limited else _NO_LIMIT_HEAD
     limit_mid = _LIMIT_MID if limited else ""
     limit_tail = _LIMIT_TAIL if limited else _NO_LIMIT_TAIL
@@ -822,61 +901,7 @@ def _claim_sql(*, limited: bool) -> str:
             FOR UPDATE OF t SKIP LOCKED
         ) AS picked
     ),
-{limit_mid}    -- A group that came back short: were rows skipped because another worker holds them
-    -- (contended: ask again soon) or is it empty (dry until a hint)? One index probe for the
-    -- first ready row this claim did not take, only for a short group (CASE evaluates lazily).
-    contended AS (
-        SELECT COALESCE(array_agg(s.grp), ARRAY[]::text[]) AS groups
-        FROM (
-            SELECT quota.grp, quota.n,
-                   (SELECT count(*) FROM normal WHERE normal.grp = quota.grp) AS got
-            FROM quota
-        ) AS s
-        -- CASE, not AND: the planner may order AND's operands by cost; CASE probes only a
-        -- group that really came back short.
-        WHERE CASE WHEN s.got < s.n THEN (
-            SELECT t.id FROM taskfleet.tasks t
-            WHERE t.status = 'pending' AND t.priority = 0 AND t.group_key = s.grp
-              AND {_CLAIMABLE}
-              AND t.id <> ALL(ARRAY(SELECT normal.id FROM normal WHERE normal.grp = s.grp))
-            ORDER BY t.weight DESC, t.created_at, t.id
-            LIMIT 1
-        ) IS NOT NULL ELSE false END
-    ),
-    -- The strict lane's one probe, "the first ready strict row this claim did not take", asked
-    -- when the cap is full (is strict work waiting?) or when the lane came back short (was it
-    -- contention?): one subquery for both questions (each reference to the table costs planning
-    -- time on every claim).
-    strict_probe AS (
-        SELECT (SELECT count(*) FROM strict) AS got,
-               CASE WHEN CAST(:probe_strict AS boolean)
-                         OR CAST(:strict_limit AS int) > (SELECT count(*) FROM strict) THEN (
-                   SELECT t.id FROM taskfleet.tasks t
-                   WHERE t.status = 'pending' AND t.priority > 0
-                     AND t.priority < {CONTROL_PRIORITY} AND {_CLAIMABLE}
-                     AND t.id <> ALL(ARRAY(SELECT id FROM strict))
-                   ORDER BY t.priority DESC, t.created_at, t.id
-                   LIMIT 1
-               ) IS NOT NULL ELSE false END AS found
-    ),
-    -- Lanes this claim did not ask of: is ready work waiting there? (Index probes, no locks.)
-    -- strict: the cap is full (the saturation counter); normal: every slot went to the strict
-    -- lane, and an empty answer lets an idle worker sleep after one statement, not two.
-    waiting AS (
-        -- Written as "the first row in claim order, LIMIT 1", not EXISTS: an EXISTS without an
-        -- index condition was planned as a sequential scan of the whole table (175 ms at 1M
-        -- rows); ordering by the claim index's own key keeps it a one-row index probe.
-        SELECT CAST(:probe_strict AS boolean) AND strict_probe.found AS strict_waiting,
-               CAST(:strict_limit AS int) > strict_probe.got AND strict_probe.found
-                   AS strict_contended,
-               CAST(:probe_normal AS boolean) AND (
-                   SELECT t.id FROM taskfleet.tasks t
-                   WHERE t.status = 'pending' AND t.priority = 0 AND {_CLAIMABLE}
-                   ORDER BY t.group_key, t.weight DESC, t.created_at, t.id
-                   LIMIT 1
-               ) IS NOT NULL AS normal_waiting
-        FROM strict_probe
-    ),
+{limit_mid}{probe_ctes}
     -- Take them all: running, leased, attempt counted, and the limited labels it counts under.
     claimed AS (
         UPDATE taskfleet.tasks t
@@ -901,20 +926,23 @@ def _claim_sql(*, limited: bool) -> str:
 {limit_tail}
     -- Always one row at least, so the probe result and the written outcomes come back when
     -- nothing was claimed.
-    SELECT waiting.strict_waiting, waiting.normal_waiting,
+    SELECT {waiting},
            ARRAY(SELECT finished.id FROM finished ORDER BY finished.id) AS finished_ids,
            -- The status each was given (the outcome counters count what was written).
            ARRAY(SELECT finished.status FROM finished ORDER BY finished.id)
                AS finished_statuses,
-           contended.groups AS contended_groups, waiting.strict_contended,
+           {contended},
            CAST(limit_wait.seconds AS float8) AS limit_wait_seconds,
            NOT (SELECT limits_off.ok FROM limits_off) AS limits_active,
            claimed.*
-    FROM waiting CROSS JOIN contended CROSS JOIN limit_wait LEFT JOIN claimed ON true
+    FROM {answered_by}limit_wait LEFT JOIN claimed ON true
 """
 
 
 task_claim = _query("task_claim", _claim_sql(limited=False))
+# The same claim without the probes, for a claim expected to get all it asks (the previous one
+# did): what it returns short is asked again with task_claim (ClaimPlan.probes).
+task_claim_steady = _query("task_claim_steady", _claim_sql(limited=False, probes=False))
 # The same claim with the accounting of the active label limits (docs/architecture.md).
 task_claim_limited = _query("task_claim_limited", _claim_sql(limited=True))
 

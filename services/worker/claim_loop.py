@@ -14,6 +14,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import asyncpg
 
@@ -245,10 +246,16 @@ class ClaimLoop:
             # With a label limit active, the claim that keeps the limits' accounting; without,
             # the plain one, which takes nothing limited (it answers limits_active instead).
             limited = bool(config.label_limits) or self._limits_seen_under is config
+            if limited:
+                query = queries.task_claim_limited
+                if not plan.probes:
+                    plan = replace(plan, probes=True)  # the limited claim always probes
+            else:
+                query = queries.task_claim if plan.probes else queries.task_claim_steady
             try:
                 rows = await self._claim(
                     done,
-                    queries.task_claim_limited if limited else queries.task_claim,
+                    query,
                     **finish_params(outcomes),
                     control_limit=plan.control,
                     strict_limit=plan.strict,

@@ -32,6 +32,10 @@ class ClaimPlan:
     probe_normal: bool = False
     #: The groups the rotation chose among (not dry): charging replays the picks among them.
     eligible: tuple[GroupKey, ...] = ()
+    #: Ask the database why a lane or group came back short (contended or empty). False: the
+    #: previous claim got all it asked, so this one most likely will too; a shortfall it meets
+    #: is left unexplained (nothing is made dry) and the next claim asks again, with the probes.
+    probes: bool = True
 
     @property
     def normal(self) -> int:
@@ -66,6 +70,8 @@ class ClaimPlanner:
     _dry_control: bool = field(init=False, default=False)
     _dry_strict: bool = field(init=False, default=False)
     _dry_groups: set[GroupKey] = field(init=False, default_factory=set)
+    #: The last claim got everything it asked (the next may leave out the probes).
+    _expect_full: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.apply(self.config)
@@ -87,6 +93,7 @@ class ClaimPlanner:
             g for g in self._rotation.groups if g in config.paused_labels
         )
         self.reset_dry()
+        self._expect_full = False
 
     @property
     def strict_cap(self) -> int:
@@ -151,6 +158,9 @@ class ClaimPlanner:
             and bool(eligible)
             and Lane.NORMAL.value not in self._paused_lanes
         )
+        # A claim that asks a lane whether it waits, or asks the control lane (claimed rarely,
+        # after a wake-up), always probes; so does one after a claim that came back short.
+        probes = not self._expect_full or bool(control) or probe or probe_normal
         return ClaimPlan(
             control=control,
             strict=strict,
@@ -158,6 +168,7 @@ class ClaimPlanner:
             probe_strict=probe,
             probe_normal=probe_normal,
             eligible=tuple(eligible) if groups else (),
+            probes=probes,
         )
 
     def observe(
@@ -180,6 +191,18 @@ class ClaimPlanner:
         makes the whole normal lane dry.
         """
         got = {g: claimed.get((Lane.NORMAL, g), 0) for g, _ in plan.groups}
+        strict_short = claimed.get((Lane.STRICT, None), 0) < plan.strict
+        short_groups = [g for g, asked in plan.groups if got[g] < asked]
+        full = (
+            claimed.get((Lane.CONTROL, None), 0) >= plan.control
+            and not strict_short
+            and not short_groups
+        )
+        self._expect_full = full and plan.total > 0
+        if not plan.probes and not full:
+            # Nobody asked why: each short group is charged as if contended (still owed what
+            # it was asked), nothing is made dry, and the next claim asks with the probes.
+            contended, strict_contended, shortfall_trusted = short_groups, strict_short, False
         busy = frozenset(contended)
         self._rotation.charge(
             got, asked=dict(plan.groups), eligible=plan.eligible or None, contended=busy
@@ -190,7 +213,6 @@ class ClaimPlanner:
             self._dry_groups.update(self._rotation.groups)
         if plan.control and claimed.get((Lane.CONTROL, None), 0) < plan.control:
             self._dry_control = True
-        strict_short = claimed.get((Lane.STRICT, None), 0) < plan.strict
         if plan.strict and strict_short and not strict_contended:
             self._dry_strict = True
         for group, asked in plan.groups:

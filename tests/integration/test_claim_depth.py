@@ -101,11 +101,13 @@ def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-async def claim_buffers(conn: asyncpg.Connection, **params: Any) -> tuple[int, int, int]:
-    """One real claim run by ``EXPLAIN (ANALYZE, BUFFERS)`` in a transaction rolled back (the
-    seed stays as it is): buffers of the whole statement (shared hit + read), buffers of its
-    reads (everything but the writes of the claimed and finished rows), rows returned."""
-    sql, args = q.task_claim.positional(
+async def claim_buffers(
+    conn: asyncpg.Connection, query: q.Query = q.task_claim, **params: Any
+) -> tuple[int, int, int]:
+    """One real claim (``query``) run by ``EXPLAIN (ANALYZE, BUFFERS)`` in a transaction rolled
+    back (the seed stays as it is): buffers of the whole statement (shared hit + read), buffers
+    of its reads (everything but the writes of the claimed and finished rows), rows returned."""
+    sql, args = query.positional(
         {
             **outcome_params([]),
             "control_limit": 0,
@@ -150,6 +152,16 @@ async def test_claiming_the_small_group_reads_a_bounded_number_of_buffers(
     total, reads, rows = await claim_buffers(conn, group_keys=["b"], group_limits=[10])
     assert rows == 10
     assert_bounded(total, reads, rows)
+
+
+async def test_the_steady_claim_of_either_group_reads_as_few(conn: asyncpg.Connection) -> None:
+    # The claim a worker sends while its claims come back full (no probes): the same bounds.
+    for group in ("a", "b"):
+        total, reads, rows = await claim_buffers(
+            conn, q.task_claim_steady, group_keys=[group], group_limits=[10]
+        )
+        assert rows == 10
+        assert_bounded(total, reads, rows)
 
 
 async def test_claiming_the_big_group_reads_as_few(conn: asyncpg.Connection) -> None:

@@ -22,8 +22,10 @@ from tests.integration.sql import (
     claim_ids,
     connected,
     control_task,
+    ensure_grouping,
     insert_task,
     insert_tasks,
+    outcome_params,
     register_worker,
     run,
 )
@@ -490,6 +492,82 @@ async def test_sql_groups_and_quotas_match_the_pure_policy(
         "SELECT count(*) FROM taskfleet.tasks WHERE status = 'pending' AND priority > 0"
     )
     assert strict_left == sum(1 for s in specs if s.priority > 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_the_steady_claim_takes_and_writes_exactly_what_the_claim_does(
+    conn: asyncpg.Connection, seed: int
+) -> None:
+    """task_claim_steady is task_claim without the probes (ClaimPlan.probes): on random tables
+    (lanes, groups, weights, ties, types, future run_after, running tasks to finish) and random
+    plans, both take the same rows in the same order and write the same outcomes; the steady
+    one answers no probe (the worker does not trust its shortfalls)."""
+    rng = random.Random(seed)
+    configured = sorted(rng.sample(ALPHABET, rng.randint(0, 4)))
+    await ensure_grouping(conn, configured)
+    await register_worker(conn, "w-steady")
+    specs = [
+        NewTask(
+            type=rng.choice(["demo.echo", "demo.echo", "demo.sleep", "other.type"]),
+            labels=rng.sample(ALPHABET + UNCONFIGURABLE, rng.randint(0, 3)),
+            weight=rng.randint(1, 3),
+            priority=rng.choice([0, 0, 0, 4, 9]),
+            delay=rng.choice([None, None, None, 3600.0]),
+        )
+        for _ in range(120)
+    ]
+    ids = await insert_tasks(conn, specs)
+    await set_created_at(conn, {task_id: rng.randint(0, 3) for task_id in ids})
+    running = await claim_ids(conn, worker_id="w-steady", strict=5, groups=[(None, 5)])
+    keys: list[GroupKey] = [*configured, None]
+    taken = finished = 0
+    for _ in range(12):
+        outcomes = [(i, rng.choice(["completed", "failed", "pending"])) for i in running]
+        params = {
+            **outcome_params(outcomes, error="boom", attempts=[1] * len(outcomes)),
+            "control_limit": 0,
+            "strict_limit": rng.randint(0, 4),
+            "group_keys": (picked := rng.sample(keys, rng.randint(1, len(keys)))),
+            "group_limits": [rng.randint(0, 5) for _ in picked],
+            "probe_strict": False,
+            "probe_normal": False,
+            "worker_id": "w-steady",
+            "lease_ttl": LEASE_TTL,
+            "types": ["demo.echo", "demo.sleep"],
+            "tags": [],
+            "paused_labels": rng.sample(ALPHABET, rng.randint(0, 1)),
+        }
+        answers: dict[str, list[asyncpg.Record]] = {}
+        for query in (q.task_claim, q.task_claim_steady):
+            transaction = conn.transaction()
+            await transaction.start()
+            try:
+                answers[query.name] = await run(conn, query, **params)
+            finally:
+                await transaction.rollback()
+        full, steady = answers["task_claim"], answers["task_claim_steady"]
+        assert list(full[0].keys()) == list(steady[0].keys())
+        moving = {"started_at", "lease_expires_at", "wait_seconds"}  # clocks of each run
+        assert [
+            {k: v for k, v in r.items() if k not in moving and k not in ANSWERS} for r in full
+        ] == [{k: v for k, v in r.items() if k not in moving and k not in ANSWERS} for r in steady]
+        taken += sum(1 for r in steady if r["id"] is not None)
+        finished += len(steady[0]["finished_ids"])
+        for row in steady:
+            assert (row["strict_waiting"], row["normal_waiting"], row["strict_contended"]) == (
+                False,
+                False,
+                False,
+            )
+            assert row["contended_groups"] == []
+        # Then take them for real (with the full claim) and go on from there.
+        rows = await run(conn, q.task_claim, **params)
+        running = [r["id"] for r in rows if r["id"] is not None]
+    assert taken > 10 and finished > 10  # the comparison compared something
+
+
+#: The columns only the probes answer (the steady claim returns them as "nothing asked").
+ANSWERS = {"strict_waiting", "normal_waiting", "contended_groups", "strict_contended"}
 
 
 # --------------------------------------------------------------------------------------------

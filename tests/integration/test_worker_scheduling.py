@@ -9,6 +9,8 @@ import asyncio
 import time
 from typing import Any
 
+import asyncpg
+
 from taskfleet.shared import protocol, queries
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY
 from taskfleet.worker.worker import Worker
@@ -312,6 +314,17 @@ async def test_a_wake_up_naming_the_normal_lane_claims_its_task_in_one_round_tri
         assert kit.claim_queries(worker) == (claimed + 1, empty)
 
 
+async def claim_statements(worker: Worker) -> list[asyncpg.Record]:
+    """The claim statements prepared on ``worker``'s claim connection, with their plan counts."""
+    claims = worker._claim_db
+    async with claims._lock:
+        assert claims._conn is not None
+        return await claims._conn.fetch(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%claimed AS (%'"
+        )
+
+
 async def test_the_claims_run_their_generic_plan(database_url: str) -> None:
     # Once autovacuum had analysed the tasks table, Postgres found the claim's custom plan
     # cheaper and planned the whole statement again on every call: the drain fell from about
@@ -322,12 +335,30 @@ async def test_the_claims_run_their_generic_plan(database_url: str) -> None:
         for i in range(8):  # more than the five custom plans Postgres would try first
             ids = await kit.submit(conn, "demo.echo", [{"value": i}])
             await kit.wait_tasks(conn, ids)
-        claims = worker._claim_db
-        async with claims._lock:
-            assert claims._conn is not None
-            plans = await claims._conn.fetch(
-                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                " WHERE statement LIKE '%claimed AS (%'"
-            )
+        plans = await claim_statements(worker)
     assert plans, "the claim statement is prepared on the claim connection"
     assert [(p["generic_plans"] > 0, p["custom_plans"]) for p in plans] == [(True, 0)] * len(plans)
+
+
+async def test_a_worker_draining_a_backlog_claims_without_the_probes_and_loses_nothing(
+    database_url: str,
+) -> None:
+    # While its claims come back full, a worker leaves out the probes that explain a shortfall
+    # (task_claim_steady); the one that comes back short at the end is asked again with them.
+    async with (
+        kit.connect(database_url) as conn,
+        kit.running_worker(database_url, concurrency=4) as worker,
+    ):
+        ids = await kit.submit(conn, "demo.echo", [{"value": i} for i in range(120)])
+        rows = await kit.wait_tasks(conn, ids)
+        prepared = await claim_statements(worker)
+    assert {r["status"] for r in rows.values()} == {"completed"}
+    assert {r["attempts"] for r in rows.values()} == {1}
+    runs = {
+        "steady" if "FROM limit_wait LEFT JOIN claimed" in p["statement"] else "probing": (
+            p["generic_plans"] + p["custom_plans"]
+        )
+        for p in prepared
+    }
+    assert runs.get("steady", 0) > 0, runs
+    assert runs.get("probing", 0) > 0, runs  # the first claim, and the one that found the end

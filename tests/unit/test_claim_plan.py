@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -494,3 +495,109 @@ def test_resuming_brings_everything_back() -> None:
     assert planner.plan(free_slots=2, strict_inflight=0, control_free=False).total == 0
     planner.apply(normalise_runtime_config({}))
     assert planner.plan(free_slots=2, strict_inflight=0, control_free=False).strict == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Probes: a claim expected to get all it asks leaves them out
+# --------------------------------------------------------------------------------------------
+
+
+def _normal_plan(planner: ClaimPlanner, free: int = 10) -> ClaimPlan:
+    return planner.plan(free_slots=free, strict_inflight=0, control_free=False)
+
+
+def _steady(label_weights: dict[str, int] | None = None, concurrency: int = 10) -> ClaimPlanner:
+    """A planner whose last claim got all it asked of the normal lane (the strict lane, asked
+    first, came back empty and is dry)."""
+    planner = ClaimPlanner(concurrency, _config(label_weights=label_weights))
+    first = _normal_plan(planner, concurrency)
+    assert first.probes and first.strict == concurrency
+    planner.observe(first, {})
+    second = _normal_plan(planner, concurrency)
+    assert second.probes and second.strict == 0  # the last claim came back short
+    planner.observe(second, _claimed_all(second))
+    return planner
+
+
+def test_a_claim_probes_until_one_got_all_it_asked() -> None:
+    planner = _steady({"a": 1})
+    steady = _normal_plan(planner)
+    assert not steady.probes
+    assert steady.normal == 10
+    planner.observe(steady, _claimed_all(steady))
+    assert not _normal_plan(planner).probes
+
+
+def test_a_steady_claim_that_came_back_short_makes_nothing_dry_and_the_next_one_probes() -> None:
+    planner = _steady({"a": 1})
+    steady = _normal_plan(planner)
+    assert not steady.probes and "a" in steady.group_keys
+    short = _claimed_all(steady)
+    short[(Lane.NORMAL, "a")] = 0  # a came back empty-handed: empty, or held by another worker?
+    planner.observe(steady, short)
+    again = _normal_plan(planner)
+    assert again.probes
+    assert "a" in again.group_keys  # not dry: nobody asked why it was short
+    # With the probes the database says "empty" (not contended): now a is dry.
+    answered = _claimed_all(again)
+    answered[(Lane.NORMAL, "a")] = 0
+    planner.observe(again, answered)
+    assert "a" not in _normal_plan(planner).group_keys
+
+
+def test_a_short_steady_claim_leaves_the_group_owed_as_a_contended_one_would() -> None:
+    # The rotation is charged as for a contended shortfall: a keeps earning its weight.
+    def next_groups(planner: ClaimPlanner, *, probes: bool) -> list[tuple[GroupKey, int]]:
+        plan = _normal_plan(planner, free=4)
+        if probes:
+            plan = replace(plan, probes=True)
+        assert plan.probes is probes
+        claimed = _claimed_all(plan)
+        claimed[(Lane.NORMAL, "a")] = 0
+        planner.observe(plan, claimed, contended=["a"] if probes else ())
+        return list(_normal_plan(planner, free=4).groups)
+
+    assert next_groups(_steady({"a": 1}, 4), probes=False) == next_groups(
+        _steady({"a": 1}, 4), probes=True
+    )
+
+
+def test_the_strict_lane_short_in_a_steady_claim_is_not_dry() -> None:
+    planner = ClaimPlanner(10, _config(pct=50))
+    first = _normal_plan(planner)
+    assert (first.strict, first.normal, first.probes) == (5, 5, True)
+    planner.observe(first, _claimed_all(first))
+    steady = _normal_plan(planner)
+    assert (steady.strict, steady.normal, steady.probes) == (5, 5, False)
+    short = _claimed_all(steady)
+    short[(Lane.STRICT, None)] = 2
+    planner.observe(steady, short)
+    again = planner.plan(free_slots=3, strict_inflight=2, control_free=False)
+    assert again.strict == 3 and again.probes
+
+
+def test_control_lane_and_lane_probes_always_come_with_the_probes() -> None:
+    planner = _steady()
+    assert not _normal_plan(planner).probes
+    # The control slot asked for (after a wake-up): probes.
+    assert planner.plan(free_slots=10, strict_inflight=0, control_free=True).probes
+    # The strict cap full: the strict lane is probed, and the claim has every probe.
+    capped = ClaimPlanner(10, _config(pct=50))
+    plan = _normal_plan(capped)
+    capped.observe(plan, _claimed_all(plan))
+    full_cap = capped.plan(free_slots=5, strict_inflight=5, control_free=False)
+    assert full_cap.probe_strict and full_cap.probes
+    # Every slot to the strict lane: the normal lane is asked whether it waits.
+    strict_only = ClaimPlanner(10, _config(pct=100, label_weights={"a": 1}))
+    plan = _normal_plan(strict_only)
+    strict_only.observe(plan, _claimed_all(plan))
+    asks = _normal_plan(strict_only)
+    assert asks.probe_normal and asks.probes
+
+
+def test_a_new_config_starts_with_the_probes_again() -> None:
+    planner = _steady()
+    assert not _normal_plan(planner).probes
+    planner.apply(_config(label_weights={"b": 2}))
+    planner.reset_dry()
+    assert _normal_plan(planner).probes
