@@ -263,9 +263,9 @@ def cli_app() -> Any:
     for module in pkgutil.iter_modules(package.__path__):
         if module.name != "__main__":
             importlib.import_module(f"{package.__name__}.{module.name}")
-    from taskfleet.cli.main import app
+    from taskfleet.cli.main import load_commands
 
-    return app
+    return load_commands()
 
 
 def cli_commands() -> list[tuple[tuple[str, ...], Callable[..., Any] | None]]:

@@ -6,6 +6,7 @@ Every command's failure is one line on stderr and an exit code (2 configuration,
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -158,10 +159,39 @@ def migrate() -> None:
         typer.echo(f"schema already at {result.after}: nothing to do")
 
 
-def main() -> None:
-    # Client and dev commands register themselves on import.
-    from taskfleet.cli import client, dev, schedules  # noqa: F401
+#: The modules that add their commands to ``app`` when imported, in the order ``taskfleet
+#: --help`` lists them (after this module's own).
+COMMAND_MODULES = ("taskfleet.cli.client", "taskfleet.cli.dev", "taskfleet.cli.schedules")
 
+
+def load_commands() -> typer.Typer:
+    """``app`` with every command registered, in one order whatever was imported before (a
+    command is registered when its module is imported, so importing ``dev`` first would list it
+    before ``client``'s): this module's commands, then those of :data:`COMMAND_MODULES`."""
+    for name in COMMAND_MODULES:
+        importlib.import_module(name)
+    rank = {name: i for i, name in enumerate((__name__, *COMMAND_MODULES))}
+
+    def module_rank(callback: object) -> int:
+        return rank.get(getattr(callback, "__module__", ""), len(rank))
+
+    # Stable sorts: within a module, the order its commands were written in.
+    app.registered_commands.sort(key=lambda command: module_rank(command.callback))
+    app.registered_groups.sort(
+        key=lambda group: (
+            min(
+                (module_rank(c.callback) for c in group.typer_instance.registered_commands),
+                default=len(rank),
+            )
+            if group.typer_instance is not None
+            else len(rank)
+        )
+    )
+    return app
+
+
+def main() -> None:
+    load_commands()
     try:
         app()
     except Exception as exc:

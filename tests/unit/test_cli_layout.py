@@ -4,6 +4,8 @@ flags, and help text in whole sentences."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 
 import click
@@ -140,3 +142,30 @@ def test_schedules_fit_80_columns_and_abbreviate_nothing() -> None:
         if line.strip()
     ]
     assert "".join(first[:3]) == "reports.finance.quarterly-close-summary"
+
+
+def test_the_command_order_does_not_depend_on_what_was_imported_first() -> None:
+    # A command is registered when its module is imported: a process that imported `dev` before
+    # `client` (a test did) listed `dev` first, and the generated reference no longer matched.
+    # Each order in its own interpreter, as the test run's module cache would mix them.
+    program = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "from taskfleet.cli.main import load_commands\n"
+        "app = load_commands()\n"
+        "print([c.callback.__name__ for c in app.registered_commands])\n"
+        "print([g.name for g in app.registered_groups])\n"
+    )
+
+    def order(*first: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", program, *first], capture_output=True, text=True, check=True
+        )
+        return done.stdout
+
+    entry_point = order()
+    assert "'dev'" in entry_point and "'submit'" in entry_point
+    assert entry_point.index("'submit'") < entry_point.index("'dev'")  # client's, then dev's
+    assert order("taskfleet.cli.dev") == entry_point
+    assert order("taskfleet.cli.schedules", "taskfleet.cli.dev") == entry_point
