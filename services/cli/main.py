@@ -175,18 +175,14 @@ def load_commands() -> typer.Typer:
     def module_rank(callback: object) -> int:
         return rank.get(getattr(callback, "__module__", ""), len(rank))
 
+    def group_rank(group: Any) -> int:
+        """A group ranks as the module of its commands (the module that added it)."""
+        commands = group.typer_instance.registered_commands if group.typer_instance else []
+        return min((module_rank(c.callback) for c in commands), default=len(rank))
+
     # Stable sorts: within a module, the order its commands were written in.
     app.registered_commands.sort(key=lambda command: module_rank(command.callback))
-    app.registered_groups.sort(
-        key=lambda group: (
-            min(
-                (module_rank(c.callback) for c in group.typer_instance.registered_commands),
-                default=len(rank),
-            )
-            if group.typer_instance is not None
-            else len(rank)
-        )
-    )
+    app.registered_groups.sort(key=group_rank)
     return app
 
 
