@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
 import sqlalchemy.exc
 from sqlalchemy import TextClause, event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -82,13 +83,22 @@ def unavailable_reason(exc: BaseException) -> str | None:
         # Refused, unreachable, DNS failure, connect timeout: asyncpg raises these unwrapped.
         return "database unreachable"
     if isinstance(exc, sqlalchemy.exc.DBAPIError):
-        code = _sqlstate(exc)
         if exc.connection_invalidated or isinstance(exc, sqlalchemy.exc.InterfaceError):
             return "database connection lost"
-        if code is not None:
-            for prefix, reason in _UNAVAILABLE_SQLSTATES:
-                if code.startswith(prefix):
-                    return reason
+        return _sqlstate_reason(_sqlstate(exc))
+    # Raised by the driver itself, on an autocommit connection (see AutocommitConnection).
+    if isinstance(exc, asyncpg.InterfaceError | asyncpg.ConnectionDoesNotExistError):
+        return "database connection lost"
+    if isinstance(exc, asyncpg.PostgresError):
+        return _sqlstate_reason(exc.sqlstate)
+    return None
+
+
+def _sqlstate_reason(code: str | None) -> str | None:
+    if code is not None:
+        for prefix, reason in _UNAVAILABLE_SQLSTATES:
+            if code.startswith(prefix):
+                return reason
     return None
 
 
@@ -169,15 +179,46 @@ def pooler_connect_args() -> dict[str, Any]:
     }
 
 
-async def fetch_all(conn: AsyncConnection, query: Query, **params: Any) -> list[Row]:
+class AutocommitConnection:
+    """A pooled connection used in autocommit: each statement is its own transaction, sent
+    straight to the driver (asyncpg), past SQLAlchemy's execution layer.
+
+    For work that is one statement (``POST /tasks``, reads), that layer is most of what the
+    API spends on the statement besides the driver's own work (compiling the text clause's
+    parameters, the cursor adapter, the result's metadata: about 8 % of the API's CPU under a
+    stream of ``POST /tasks``, profiled; docs/benchmarks.md). The driver's statement cache is
+    the connection's, so a statement is prepared once per connection (never, behind a
+    transaction-mode pooler: :func:`pooler_connect_args`). Rows come back with jsonb decoded by
+    the codec SQLAlchemy's dialect installed on the connection, as through SQLAlchemy.
+
+    The connection is SQLAlchemy's pooled one, checked out and returned by the engine; nothing
+    here begins a transaction, so returning it costs no round trip. Driver errors are translated
+    by :func:`unavailable_reason` like SQLAlchemy's.
+    """
+
+    def __init__(self, driver: asyncpg.Connection) -> None:
+        self.driver = driver
+
+    async def fetch_all(self, query: Query, params: dict[str, Any]) -> list[Row]:
+        sql, args = query.positional(params)
+        return [dict(record) for record in await self.driver.fetch(sql, *args)]
+
+
+#: A connection a named query can run on: in a transaction (SQLAlchemy's) or in autocommit.
+Connection = AsyncConnection | AutocommitConnection
+
+
+async def fetch_all(conn: Connection, query: Query, **params: Any) -> list[Row]:
     """Run a named query on ``conn``: its rows as dicts (jsonb as Python objects)."""
+    if isinstance(conn, AutocommitConnection):
+        return await conn.fetch_all(query, params)
     result = await conn.execute(_statement(query), params)
     if not result.returns_rows:
         return []
     return [dict(row) for row in result.mappings()]
 
 
-async def fetch_one(conn: AsyncConnection, query: Query, **params: Any) -> Row | None:
+async def fetch_one(conn: Connection, query: Query, **params: Any) -> Row | None:
     rows = await fetch_all(conn, query, **params)
     return rows[0] if rows else None
 
@@ -192,7 +233,7 @@ class Database:
         #: from the database at first use; None until then).
         self._by_function: dict[str, Query] | None = None
 
-    async def routed(self, conn: AsyncConnection, query: Query) -> Query:
+    async def routed(self, conn: Connection, query: Query) -> Query:
         """The statement to run for ``query`` on ``conn``: through a transaction-mode pooler, the
         call of its server-side function when the database has it (queries.SERVER_FUNCTIONS: its
         plan is cached on the server connection, where a statement would be planned on every
@@ -245,11 +286,12 @@ class Database:
             yield conn
 
     @asynccontextmanager
-    async def autocommit(self) -> AsyncIterator[AsyncConnection]:
+    async def autocommit(self) -> AsyncIterator[AutocommitConnection]:
         """A connection on which each statement is its own transaction: one round trip per
         statement instead of BEGIN, statement, COMMIT. For work that is a single statement."""
         async with translated_errors(), self.engine.connect() as conn:
-            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+            pooled = await conn.get_raw_connection()
+            yield AutocommitConnection(pooled.driver_connection)
 
     async def fetch_all(self, query: Query, **params: Any) -> list[Row]:
         async with self.autocommit() as conn:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import asyncpg
 import sqlalchemy.exc
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -67,3 +68,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DatabaseUnavailable, _database_unavailable)
     app.add_exception_handler(sqlalchemy.exc.SQLAlchemyError, _maybe_database_unavailable)
     app.add_exception_handler(OSError, _maybe_database_unavailable)
+    # The driver's own, from an autocommit connection used outside Database.autocommit().
+    app.add_exception_handler(asyncpg.PostgresError, _maybe_database_unavailable)
+    app.add_exception_handler(asyncpg.InterfaceError, _maybe_database_unavailable)

@@ -10,10 +10,9 @@ from typing import Annotated, Any
 import sqlalchemy.exc
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from taskfleet.api.auth import require_role
-from taskfleet.api.database import Database, Row, fetch_all, fetch_one
+from taskfleet.api.database import Connection, Database, Row, fetch_all, fetch_one
 from taskfleet.api.deps import get_database, get_metrics, get_registry, get_shutdown
 from taskfleet.api.errors import ApiError, Loc, pydantic_errors
 from taskfleet.api.routing import guarded_route
@@ -76,7 +75,7 @@ batch_router = APIRouter(route_class=guarded_route(BATCH_BODY_LIMIT), tags=["tas
 
 
 async def _insert(
-    database: Database, conn: AsyncConnection, submissions: Sequence[Submission]
+    database: Database, conn: Connection, submissions: Sequence[Submission]
 ) -> list[tuple[Row, bool]]:
     """Insert the tasks in one statement (one NOTIFY); for each, its row and whether it was
     deduplicated onto an unfinished task with the same unique_key."""

@@ -4,6 +4,7 @@ no ping (the pre-ping was a fifth of the API's CPU per request)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from sqlalchemy.dialects.postgresql import asyncpg as sa_asyncpg
 
 from taskfleet.api import database as api_database
-from taskfleet.api.database import Database
+from taskfleet.api.database import Database, DatabaseUnavailable
 from taskfleet.shared import queries as q
 from tests.integration.workerkit import connect, wait_until
 
@@ -78,11 +79,44 @@ async def test_a_connection_the_server_closed_is_replaced_before_use(
     database: Database, database_url: str, pings: list[int]
 ) -> None:
     async with database.autocommit() as pooled:  # the pool's one connection, idle afterwards
-        driver = (await pooled.get_raw_connection()).driver_connection
-    assert driver is not None
+        driver = pooled.driver
     async with connect(database_url) as conn:
         await _kill_api_backends(conn)
     # The driver read the server's goodbye: the pool replaces the connection, no ping needed.
     await wait_until(driver.is_closed, "the driver saw the server close the connection")
     assert await database.fetch_all(q.schema_revision)
     assert pings[0] == 0
+
+
+async def test_a_connection_lost_mid_statement_is_unavailable_then_replaced(
+    database: Database, database_url: str
+) -> None:
+    """An autocommit statement runs on the driver itself, past SQLAlchemy: a backend killed
+    under it is still the 503's "connection lost", not a 500, and the next checkout gets a
+    working connection."""
+    # The observer is not the locker: pg_stat_activity is read once per transaction.
+    async with connect(database_url) as locker, connect(database_url) as observer:
+        await locker.execute("BEGIN")
+        await locker.execute("LOCK TABLE taskfleet.alembic_version IN ACCESS EXCLUSIVE MODE")
+
+        async def blocked() -> None:
+            async with database.autocommit() as conn:
+                await api_database.fetch_all(conn, q.schema_revision)
+
+        statement = asyncio.ensure_future(blocked())
+
+        async def waiting() -> bool:
+            return bool(
+                await observer.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND application_name = 'taskfleet-api' AND datname = current_database()"
+                )
+            )
+
+        await wait_until(waiting, "the API's statement waits on the lock")
+        await _kill_api_backends(observer)
+        with pytest.raises(DatabaseUnavailable) as raised:
+            await statement
+        assert raised.value.reason == "database connection lost"
+        await locker.execute("ROLLBACK")
+    assert await database.fetch_all(q.schema_revision)
