@@ -31,9 +31,11 @@ def serve(settings: ApiSettings) -> None:
         proxy_headers=False,
         # uvicorn's access log is the request line and status: no headers, so no tokens.
         access_log=True,
-        # Records go through the root logger, in TASKFLEET_LOG_FORMAT, not uvicorn's own setup.
+        # Records go through the root logger, in TASKFLEET_LOG_FORMAT, not uvicorn's own setup,
+        # and from TASKFLEET_LOG_LEVEL up: uvicorn sets its loggers' levels to this one, which
+        # decides for them over the root's (at WARNING, no access log and no start-up lines).
         log_config=None,
-        log_level="info",
+        log_level=settings.log_level.lower(),
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )

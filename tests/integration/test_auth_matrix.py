@@ -25,6 +25,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -716,3 +717,39 @@ def test_taskfleet_api_never_logs_a_token(database_url: str) -> None:
     assert "GET /tasks" in output, output  # the access log is on: there was something to leak
     for secret in SECRETS:
         assert secret not in output
+
+
+def test_taskfleet_api_at_warning_logs_no_access_lines(database_url: str) -> None:
+    """TASKFLEET_LOG_LEVEL is the lowest level logged, uvicorn's records included: its access
+    log is INFO, so at WARNING a request leaves no line (it did: uvicorn's loggers were set to
+    INFO whatever the setting)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = process_env(
+        database_url, TASKFLEET_API_TOKENS=f"submit:{SUBMIT_TOKEN}", TASKFLEET_LOG_LEVEL="WARNING"
+    )
+    env["TASKFLEET_PORT"] = str(port)
+    process = subprocess.Popen(
+        [*TASKFLEET, "api"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=PATIENCE).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, "api did not start"
+            time.sleep(0.1)
+        with httpx.Client(base_url=url, timeout=PATIENCE) as http:
+            assert http.get("/tasks", headers=AS_SUBMIT).status_code == 200
+            assert http.get("/nowhere", headers=AS_SUBMIT).status_code == 404
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=PATIENCE)
+    assert process.returncode in (0, -signal.SIGTERM), output
+    assert "GET /tasks" not in output and "GET /readyz" not in output, output
+    assert "INFO" not in output, output
