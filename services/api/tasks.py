@@ -13,7 +13,12 @@ from pydantic import ValidationError
 
 from taskfleet.api.auth import require_role
 from taskfleet.api.database import Connection, Database, Row, fetch_all, fetch_one
-from taskfleet.api.deps import get_database, get_metrics, get_registry, get_shutdown
+from taskfleet.api.deps import (
+    Submitting,
+    get_database,
+    get_shutdown,
+    get_submitting,
+)
 from taskfleet.api.errors import ApiError, Loc, pydantic_errors
 from taskfleet.api.routing import guarded_route
 from taskfleet.api.schemas import (
@@ -36,7 +41,6 @@ from taskfleet.api.shutdown import Shutdown
 from taskfleet.shared import queries as q
 from taskfleet.shared.metrics import ApiMetrics
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, lane_for_priority
-from taskfleet.shared.registry import TaskRegistry
 from taskfleet.shared.schema import FINISHED_STATUSES, TaskStatus
 from taskfleet.shared.submission import (
     Submission,
@@ -113,15 +117,14 @@ def _count_submitted(metrics: ApiMetrics, inserted: Sequence[tuple[Row, bool]]) 
 async def create_task(
     task: TaskIn,
     response: Response,
-    database: Annotated[Database, Depends(get_database)],
-    registry: Annotated[TaskRegistry, Depends(get_registry)],
-    metrics: Annotated[ApiMetrics, Depends(get_metrics)],
+    submitting: Annotated[Submitting, Depends(get_submitting)],
 ) -> dict[str, Any]:
-    submission = check_submission(task, registry, ("body",))
+    database = submitting.database
+    submission = check_submission(task, submitting.registry, ("body",))
     # One task is one INSERT statement (its NOTIFY included): atomic without BEGIN/COMMIT.
     async with database.autocommit() as conn:
         inserted = await _insert(database, conn, [submission])
-    _count_submitted(metrics, inserted)
+    _count_submitted(submitting.metrics, inserted)
     row, deduplicated = inserted[0]
     if deduplicated:
         response.status_code = status.HTTP_200_OK
@@ -138,11 +141,9 @@ async def create_task(
     summary="Submit up to 1,000 tasks, all or nothing",
 )
 async def create_tasks(
-    batch: TaskBatchIn,
-    database: Annotated[Database, Depends(get_database)],
-    registry: Annotated[TaskRegistry, Depends(get_registry)],
-    metrics: Annotated[ApiMetrics, Depends(get_metrics)],
+    batch: TaskBatchIn, submitting: Annotated[Submitting, Depends(get_submitting)]
 ) -> dict[str, Any]:
+    database, registry = submitting.database, submitting.registry
     # Item by item, in order, so the error names the first bad task whatever its fault.
     submissions: list[Submission] = []
     for index, raw in enumerate(batch.tasks):
@@ -154,7 +155,7 @@ async def create_tasks(
         submissions.append(check_submission(task, registry, loc))
     async with database.transaction() as conn:
         inserted = await _insert(database, conn, submissions)
-    _count_submitted(metrics, inserted)
+    _count_submitted(submitting.metrics, inserted)
     return {"tasks": [{**task_out(row), "deduplicated": dedup} for row, dedup in inserted]}
 
 

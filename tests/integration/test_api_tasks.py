@@ -17,8 +17,10 @@ import asyncpg
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
 
 from taskfleet.api.app import create_app
+from taskfleet.api.metrics import _RouteNameCache
 from taskfleet.shared import db
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.runtime_config import normalise_runtime_config
@@ -719,3 +721,42 @@ async def test_oldest_ready_age_counts_from_submission_not_from_a_past_run_at(
         and sample.labels == {"lane": "normal", "group": "default"}
     ]
     assert len(ages) == 1 and 0 <= ages[0] < 3600, ages
+
+
+async def test_http_metrics_name_each_route_by_its_template_when_cached(
+    client: httpx.AsyncClient,
+) -> None:
+    """The route names the request metrics carry are kept per fixed path (metrics.py's
+    _RouteNameCache): asked twice, a fixed path keeps its name, a templated one is named by its
+    template for every id, and a path of no route is not mistaken for one."""
+    ids = []
+    for _ in range(2):
+        created = await client.post("/tasks", json={"type": "demo.echo"})
+        assert created.status_code == 201
+        ids.append(created.json()["id"])
+    for task_id in ids:
+        assert (await client.get(f"/tasks/{task_id}")).status_code == 200
+    assert (await client.get("/tasks/stats")).status_code == 200
+    assert (await client.get("/nowhere/at/all")).status_code == 404
+    text = (await client.get("/metrics", headers={})).text
+
+    def requests(method: str, handler: str) -> float:
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("http_requests_total{") and (
+                f'handler="{handler}"' in line and f'method="{method}"' in line
+            ):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    assert requests("POST", "/tasks") == 2
+    assert requests("GET", "/tasks/{id}") == 2
+    assert requests("GET", "/tasks/stats") == 1
+    assert not any(f'handler="/tasks/{i}"' in text for i in ids)
+    assert 'handler="/nowhere/at/all"' not in text
+
+
+def test_the_request_metrics_middleware_is_the_caching_one(database_url: str) -> None:
+    classes = [m.cls for m in create_app(api_settings(database_url)).user_middleware]
+    assert _RouteNameCache in classes
+    assert PrometheusInstrumentatorMiddleware not in classes
