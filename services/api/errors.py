@@ -68,6 +68,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DatabaseUnavailable, _database_unavailable)
     app.add_exception_handler(sqlalchemy.exc.SQLAlchemyError, _maybe_database_unavailable)
     app.add_exception_handler(OSError, _maybe_database_unavailable)
-    # The driver's own, from an autocommit connection used outside Database.autocommit().
+    # The same net for the driver's own errors (Database.autocommit() runs statements on it and
+    # translates them itself; this catches one raised anywhere else).
     app.add_exception_handler(asyncpg.PostgresError, _maybe_database_unavailable)
     app.add_exception_handler(asyncpg.InterfaceError, _maybe_database_unavailable)
