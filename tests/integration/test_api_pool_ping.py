@@ -120,3 +120,37 @@ async def test_a_connection_lost_mid_statement_is_unavailable_then_replaced(
         assert raised.value.reason == "database connection lost"
         await locker.execute("ROLLBACK")
     assert await database.fetch_all(q.schema_revision)
+
+
+async def test_a_cancelled_statement_leaves_the_pooled_connection_usable(
+    database: Database, database_url: str
+) -> None:
+    """A request cancelled mid-statement (the server stopping, a timeout) returns its pooled
+    connection with the driver still busy; the next checkout must still work."""
+    async with connect(database_url) as locker:
+        await locker.execute("BEGIN")
+        await locker.execute("LOCK TABLE taskfleet.alembic_version IN ACCESS EXCLUSIVE MODE")
+
+        async def blocked() -> None:
+            async with database.autocommit() as conn:
+                await api_database.fetch_all(conn, q.schema_revision)
+
+        statement = asyncio.ensure_future(blocked())
+        async with connect(database_url) as observer:
+
+            async def waiting() -> bool:
+                return bool(
+                    await observer.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND application_name = 'taskfleet-api'"
+                        " AND datname = current_database()"
+                    )
+                )
+
+            await wait_until(waiting, "the API's statement waits on the lock")
+        statement.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await statement
+        await locker.execute("ROLLBACK")
+    for _ in range(3):
+        assert await database.fetch_all(q.schema_revision)
