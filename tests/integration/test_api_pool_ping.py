@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -88,13 +89,13 @@ async def test_a_connection_the_server_closed_is_replaced_before_use(
     assert pings[0] == 0
 
 
-async def test_a_connection_lost_mid_statement_is_unavailable_then_replaced(
+@asynccontextmanager
+async def _blocked_statement(
     database: Database, database_url: str
-) -> None:
-    """An autocommit statement runs on the driver itself, past SQLAlchemy: a backend killed
-    under it is still the 503's "connection lost", not a 500, and the next checkout gets a
-    working connection."""
-    # The observer is not the locker: pg_stat_activity is read once per transaction.
+) -> AsyncIterator[tuple[asyncio.Future[None], asyncpg.Connection]]:
+    """An autocommit statement of ``database`` waiting on a table lock (released on exit), and
+    a connection to watch it from (pg_stat_activity is read once per transaction, so not the
+    locker's)."""
     async with connect(database_url) as locker, connect(database_url) as observer:
         await locker.execute("BEGIN")
         await locker.execute("LOCK TABLE taskfleet.alembic_version IN ACCESS EXCLUSIVE MODE")
@@ -114,11 +115,21 @@ async def test_a_connection_lost_mid_statement_is_unavailable_then_replaced(
             )
 
         await wait_until(waiting, "the API's statement waits on the lock")
+        yield statement, observer
+        await locker.execute("ROLLBACK")
+
+
+async def test_a_connection_lost_mid_statement_is_unavailable_then_replaced(
+    database: Database, database_url: str
+) -> None:
+    """An autocommit statement runs on the driver itself, past SQLAlchemy: a backend killed
+    under it is still the 503's "connection lost", not a 500, and the next checkout gets a
+    working connection."""
+    async with _blocked_statement(database, database_url) as (statement, observer):
         await _kill_api_backends(observer)
         with pytest.raises(DatabaseUnavailable) as raised:
             await statement
         assert raised.value.reason == "database connection lost"
-        await locker.execute("ROLLBACK")
     assert await database.fetch_all(q.schema_revision)
 
 
@@ -127,30 +138,9 @@ async def test_a_cancelled_statement_leaves_the_pooled_connection_usable(
 ) -> None:
     """A request cancelled mid-statement (the server stopping, a timeout) returns its pooled
     connection with the driver still busy; the next checkout must still work."""
-    async with connect(database_url) as locker:
-        await locker.execute("BEGIN")
-        await locker.execute("LOCK TABLE taskfleet.alembic_version IN ACCESS EXCLUSIVE MODE")
-
-        async def blocked() -> None:
-            async with database.autocommit() as conn:
-                await api_database.fetch_all(conn, q.schema_revision)
-
-        statement = asyncio.ensure_future(blocked())
-        async with connect(database_url) as observer:
-
-            async def waiting() -> bool:
-                return bool(
-                    await observer.fetchval(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND application_name = 'taskfleet-api'"
-                        " AND datname = current_database()"
-                    )
-                )
-
-            await wait_until(waiting, "the API's statement waits on the lock")
+    async with _blocked_statement(database, database_url) as (statement, _observer):
         statement.cancel()
         with pytest.raises(asyncio.CancelledError):
             await statement
-        await locker.execute("ROLLBACK")
     for _ in range(3):
         assert await database.fetch_all(q.schema_revision)
