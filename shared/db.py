@@ -38,9 +38,9 @@ def asyncpg_dsn(url: str) -> str:
     return f"postgresql://{rest}"
 
 
-def sqlalchemy_url(url: str) -> str:
-    """The URL as SQLAlchemy's asyncpg dialect takes it."""
-    return "postgresql+asyncpg://" + asyncpg_dsn(url).split("://", 1)[1]
+def sqlalchemy_url(url: str, *, driver: str = "asyncpg") -> str:
+    """The URL as SQLAlchemy's dialect for ``driver`` (asyncpg, or psycopg) takes it."""
+    return f"postgresql+{driver}://" + asyncpg_dsn(url).split("://", 1)[1]
 
 
 def dumps(value: Any) -> str:

@@ -1,7 +1,9 @@
 """Every SQL statement taskfleet runs, each under a stable noun-first name.
 
 Statements are written with ``:name`` parameters. The API runs them through SQLAlchemy's
-``text()``; the worker's hot path runs them on raw asyncpg connections via :meth:`Query.positional`.
+``text()``; the worker's hot path runs them on raw asyncpg connections via :meth:`Query.positional`,
+and the API's single statements through a transaction-mode pooler on psycopg via
+:meth:`Query.formatted`.
 Either way the text below is the only copy. JSON parameters are passed as JSON text and cast in
 SQL; jsonb results come back as Python objects (both access paths set that codec).
 """
@@ -35,6 +37,7 @@ class Query:
     name: str
     sql: str
     _positional: tuple[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    _formatted: tuple[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         order: list[str] = []
@@ -46,6 +49,9 @@ class Query:
             return f"${order.index(param) + 1}"
 
         object.__setattr__(self, "_positional", (_PARAM.sub(number, self.sql), tuple(order)))
+        # psycopg's form: a literal % doubled, each parameter a %s in order of appearance.
+        formatted = _PARAM.sub("%s", self.sql.replace("%", "%%"))
+        object.__setattr__(self, "_formatted", (formatted, tuple(_PARAM.findall(self.sql))))
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -58,6 +64,15 @@ class Query:
         if missing:
             raise KeyError(f"query {self.name} is missing parameters {missing}")
         return sql, [params[p] for p in order]
+
+    def formatted(self, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """The statement in psycopg's ``%s`` form and its arguments in order of appearance (a
+        parameter used twice is passed twice)."""
+        sql, names = self._formatted
+        missing = sorted({p for p in names if p not in params})
+        if missing:
+            raise KeyError(f"query {self.name} is missing parameters {missing}")
+        return sql, [params[p] for p in names]
 
 
 QUERIES: dict[str, Query] = {}

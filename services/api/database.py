@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import select
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
+import psycopg
 import sqlalchemy.exc
+from psycopg.rows import dict_row
 from sqlalchemy import TextClause, event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -91,6 +94,15 @@ def unavailable_reason(exc: BaseException) -> str | None:
         return "database connection lost"
     if isinstance(exc, asyncpg.PostgresError):
         return _sqlstate_reason(exc.sqlstate)
+    if isinstance(exc, psycopg.Error):
+        # The session ended under the statement (its backend terminated, or the server going
+        # down: 57P01, 57P02), or no SQLSTATE at all (the server hung up, the connection is
+        # closed): the connection is lost, as asyncpg says it.
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and (
+            exc.sqlstate is None or exc.sqlstate in ("57P01", "57P02")
+        ):
+            return "database connection lost"
+        return _sqlstate_reason(exc.sqlstate)
     return None
 
 
@@ -132,8 +144,10 @@ def _ping_after_idle(engine: AsyncEngine, idle_seconds: float) -> None:
     SQLAlchemy's ``pool_pre_ping`` pings on every checkout: with asyncpg that is BEGIN, ``;``,
     ROLLBACK, three round trips before each request's one statement (a fifth of the API's CPU
     under a stream of ``POST /tasks``, profiled). Instead: a connection the server closed while
-    it sat in the pool (a restart, ``pg_terminate_backend``) is already marked closed by the
-    driver, which read the server's goodbye: replaced at no cost. One that sat idle for a moment
+    it sat in the pool (a restart, ``pg_terminate_backend``) is already marked closed by asyncpg,
+    which read the server's goodbye: replaced at no cost; psycopg reads only when asked, so its
+    goodbye waits in the socket, seen by a ``select`` without a wait (:func:`_unasked_data`),
+    and that connection is pinged. One that sat idle for a moment
     (the goodbye may not have been read yet; a pooler or a firewall may have dropped it unseen)
     is pinged first. One in steady use (several requests a second per pooled connection) is not
     pinged: if the server went away under it mid-request, that request is answered 503 and
@@ -144,57 +158,68 @@ def _ping_after_idle(engine: AsyncEngine, idle_seconds: float) -> None:
     def _checked_in(_dbapi_connection: Any, record: Any) -> None:
         record.info["idle_since"] = time.monotonic()
 
+    dialect = engine.dialect
+
     @event.listens_for(engine.sync_engine, "checkout")
     def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         driver = getattr(dbapi_connection, "driver_connection", None)
-        if driver is not None and driver.is_closed():
+        if driver is not None and _driver_closed(driver):
             raise sqlalchemy.exc.DisconnectionError("the server closed this connection")
         since = record.info.get("idle_since")
-        if since is None or time.monotonic() - since < idle_seconds:
+        recent = since is None or time.monotonic() - since < idle_seconds
+        if recent and not (driver is not None and _unasked_data(driver)):
             return
         try:
-            dbapi_connection.ping()
+            dialect.do_ping(dbapi_connection)
         except Exception as exc:
             # The pool replaces this connection and tries again.
             raise sqlalchemy.exc.DisconnectionError(str(exc)) from exc
 
 
-def _unnamed() -> str:
-    return ""
+def _driver_closed(driver: Any) -> bool:
+    """The driver saw its connection end. asyncpg reads its socket all the time and knows at
+    once; psycopg learns it only at its next read (see :func:`_unasked_data`)."""
+    if isinstance(driver, psycopg.AsyncConnection):
+        return bool(driver.closed)
+    return bool(driver.is_closed())
 
 
-def pooler_connect_args() -> dict[str, Any]:
-    """The asyncpg dialect's arguments for a transaction-mode pooler (PgBouncer), where two
-    transactions of one client connection may run on different server connections, and a server
-    connection serves other clients in between: no statement is kept prepared, by asyncpg
-    (``statement_cache_size``) or by SQLAlchemy (``prepared_statement_cache_size``), and the
-    statements SQLAlchemy prepares are the unnamed one, which the next statement replaces. A
-    named one (``__asyncpg_stmt_1__``) would collide with another client's of the same name on
-    that server connection, or be missing from the next. The prepare and its execution are sent
-    without a Sync in between, so the pooler keeps them on one server connection."""
-    return {
-        "statement_cache_size": 0,
-        "prepared_statement_cache_size": 0,
-        "prepared_statement_name_func": _unnamed,
-    }
+def _unasked_data(driver: Any) -> bool:
+    """An idle psycopg connection whose socket has something to read: the server (or the
+    pooler) wrote without being asked, which on an idle connection is almost always its goodbye
+    (a restart, a terminated backend, an idle timeout). One ``select`` with no wait, no round
+    trip; asyncpg needs none (it reads every message as it comes)."""
+    if not isinstance(driver, psycopg.AsyncConnection):
+        return False
+    try:
+        readable, _, _ = select.select([driver.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True  # no usable socket: let the ping decide
+    return bool(readable)
 
 
 class AutocommitConnection:
     """A pooled connection used in autocommit: each statement is its own transaction, sent
-    straight to the driver (asyncpg), past SQLAlchemy's execution layer.
+    straight to the driver, past SQLAlchemy's execution layer.
 
     For work that is one statement (``POST /tasks``, reads), that layer is most of what the
     API spends on the statement besides the driver's own work (compiling the text clause's
     parameters, the cursor adapter, the result's metadata: about 8 % of the API's CPU under a
-    stream of ``POST /tasks``, profiled; docs/benchmarks.md). The driver's statement cache is
-    the connection's, so a statement is prepared once per connection (never, behind a
-    transaction-mode pooler: :func:`pooler_connect_args`). Rows come back with jsonb decoded by
-    the codec SQLAlchemy's dialect installed on the connection, as through SQLAlchemy.
-
-    The connection is SQLAlchemy's pooled one, checked out and returned by the engine; nothing
-    here begins a transaction, so returning it costs no round trip. Driver errors are translated
-    by :func:`unavailable_reason` like SQLAlchemy's.
+    stream of ``POST /tasks``, profiled; docs/benchmarks.md). Rows come back as dicts, jsonb
+    decoded, as through SQLAlchemy. The connection is SQLAlchemy's pooled one, checked out and
+    returned by the engine. Driver errors are translated by :func:`unavailable_reason` like
+    SQLAlchemy's.
     """
+
+    async def fetch_all(self, query: Query, params: dict[str, Any]) -> list[Row]:
+        raise NotImplementedError
+
+
+class AsyncpgAutocommit(AutocommitConnection):
+    """On asyncpg (directly on Postgres), which runs outside a transaction unless told: nothing
+    begins one, so returning the connection costs no round trip. The driver's statement cache is
+    the connection's: a statement is prepared once per connection. jsonb is decoded by the codec
+    SQLAlchemy's dialect installed on the connection."""
 
     def __init__(self, driver: asyncpg.Connection) -> None:
         self.driver = driver
@@ -202,6 +227,26 @@ class AutocommitConnection:
     async def fetch_all(self, query: Query, params: dict[str, Any]) -> list[Row]:
         sql, args = query.positional(params)
         return [dict(record) for record in await self.driver.fetch(sql, *args)]
+
+
+class PsycopgAutocommit(AutocommitConnection):
+    """On psycopg 3 (behind a transaction-mode pooler, see :func:`Database.create`), with the
+    pooled connection switched to autocommit for the checkout (SQLAlchemy switches it back when
+    it returns). psycopg sends an unprepared statement as Parse, Bind and Execute in one round
+    trip; asyncpg without a statement cache needs two (the statement's description first), and
+    through the pooler each is a hop more (docs/benchmarks.md, "the API's driver behind a
+    pooler")."""
+
+    def __init__(self, driver: psycopg.AsyncConnection[Any]) -> None:
+        self.driver = driver
+
+    async def fetch_all(self, query: Query, params: dict[str, Any]) -> list[Row]:
+        sql, args = query.formatted(params)
+        async with self.driver.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(sql, args)
+            if cursor.description is None:
+                return []
+            return await cursor.fetchall()
 
 
 #: A connection a named query can run on: in a transaction (SQLAlchemy's) or in autocommit.
@@ -260,16 +305,27 @@ class Database:
 
     @classmethod
     def create(cls, url: str, *, pool_size: int, pooled: bool = False) -> Database:
-        """``pooled``: ``url`` is a transaction-mode pooler (see :func:`pooler_connect_args`)."""
-        connect_args: dict[str, Any] = {
-            "timeout": 5,
-            "server_settings": {"application_name": "taskfleet-api"},
-        }
+        """``pooled``: ``url`` is a transaction-mode pooler without prepared statements
+        (PgBouncer 1.18): the engine runs on psycopg 3 with prepared statements off
+        (``prepare_threshold``), whose unprepared statement is one round trip, where asyncpg's
+        is two (:class:`PsycopgAutocommit`). Directly on Postgres: asyncpg, each statement
+        prepared once per connection."""
+        driver = "psycopg" if pooled else "asyncpg"
+        connect_args: dict[str, Any]
         if pooled:
-            connect_args.update(pooler_connect_args())
-            connect_args["server_settings"] = dict(POOLED_STARTUP_PARAMETERS)
+            connect_args = {
+                "connect_timeout": 5,
+                "prepare_threshold": None,
+                # libpq sends only what it is given: these, and nothing a pooler refuses.
+                **POOLED_STARTUP_PARAMETERS,
+            }
+        else:
+            connect_args = {
+                "timeout": 5,
+                "server_settings": {"application_name": "taskfleet-api"},
+            }
         engine = create_async_engine(
-            sqlalchemy_url(url),
+            sqlalchemy_url(url, driver=driver),
             pool_size=pool_size,
             # The pool size is the API's whole budget of connections: no overflow beyond it.
             max_overflow=0,
@@ -290,8 +346,23 @@ class Database:
         """A connection on which each statement is its own transaction: one round trip per
         statement instead of BEGIN, statement, COMMIT. For work that is a single statement."""
         async with translated_errors(), self.engine.connect() as conn:
-            pooled = await conn.get_raw_connection()
-            yield AutocommitConnection(pooled.driver_connection)
+            if self._pooled:
+                # psycopg begins a transaction before a statement unless in autocommit; the
+                # option is the connection's until it goes back to the pool (no round trip).
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+                pooled = await conn.get_raw_connection()
+                driver = pooled.driver_connection
+                assert isinstance(driver, psycopg.AsyncConnection)
+                try:
+                    yield PsycopgAutocommit(driver)
+                except BaseException:
+                    if driver.broken or driver.closed:
+                        # Discarded, not reset: a rollback on it would only fail (and log).
+                        await conn.invalidate()
+                    raise
+            else:
+                pooled = await conn.get_raw_connection()
+                yield AsyncpgAutocommit(pooled.driver_connection)
 
     async def fetch_all(self, query: Query, **params: Any) -> list[Row]:
         async with self.autocommit() as conn:

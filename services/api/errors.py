@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import asyncpg
+import psycopg
 import sqlalchemy.exc
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -68,7 +69,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DatabaseUnavailable, _database_unavailable)
     app.add_exception_handler(sqlalchemy.exc.SQLAlchemyError, _maybe_database_unavailable)
     app.add_exception_handler(OSError, _maybe_database_unavailable)
-    # The same net for the driver's own errors (Database.autocommit() runs statements on it and
-    # translates them itself; this catches one raised anywhere else).
+    # The same net for the drivers' own errors (Database.autocommit() runs statements on them
+    # and translates them itself; this catches one raised anywhere else).
     app.add_exception_handler(asyncpg.PostgresError, _maybe_database_unavailable)
     app.add_exception_handler(asyncpg.InterfaceError, _maybe_database_unavailable)
+    app.add_exception_handler(psycopg.Error, _maybe_database_unavailable)

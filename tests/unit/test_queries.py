@@ -1,4 +1,5 @@
-"""Named SQL statements: unique names and the ``:name`` -> ``$n`` conversion."""
+"""Named SQL statements: unique names and the ``:name`` -> ``$n`` (asyncpg) and ``%s``
+(psycopg) conversions."""
 
 from __future__ import annotations
 
@@ -50,6 +51,24 @@ def test_positional_reports_missing_parameters() -> None:
 
 def test_positional_ignores_extra_parameters() -> None:
     assert Query("t", "SELECT :a").positional({"a": 1, "z": 2}) == ("SELECT $1", [1])
+
+
+def test_formatted_passes_each_use_of_a_parameter_and_doubles_literal_percent() -> None:
+    query = Query("t", "SELECT :b, :a::int, :b WHERE x LIKE 'a%' AND y = CAST(:c AS text[])")
+    sql, args = query.formatted({"a": 1, "b": 2, "c": ["x"], "unused": 0})
+    assert sql == "SELECT %s, %s::int, %s WHERE x LIKE 'a%%' AND y = CAST(%s AS text[])"
+    assert args == [2, 1, 2, ["x"]]
+    with pytest.raises(KeyError, match="c"):
+        query.formatted({"a": 1, "b": 2})
+
+
+def test_every_query_converts_to_psycopg_form_completely() -> None:
+    # Every placeholder is a %s, every other % is doubled, and no :name is left.
+    for query in QUERIES.values():
+        sql, args = query.formatted({name: None for name in query.params})
+        assert not _LEFTOVER_PARAM.search(sql), query.name
+        assert sql.count("%s") == len(args), query.name
+        assert "%" not in sql.replace("%%", "").replace("%s", ""), query.name
 
 
 def test_query_names_are_unique_and_match_the_registry_keys() -> None:
