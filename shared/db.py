@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import asyncpg
+import psycopg
 from pydantic import AfterValidator
 
 _SCHEMES = ("postgresql", "postgres", "postgresql+asyncpg")
@@ -41,6 +42,17 @@ def asyncpg_dsn(url: str) -> str:
 def sqlalchemy_url(url: str, *, driver: str = "asyncpg") -> str:
     """The URL as SQLAlchemy's dialect for ``driver`` (asyncpg, or psycopg) takes it."""
     return f"postgresql+{driver}://" + asyncpg_dsn(url).split("://", 1)[1]
+
+
+def libpq_refusal(url: str) -> str | None:
+    """Why libpq (psycopg, the API's driver behind a pooler) would refuse ``url``, or None: a
+    query parameter it does not know (asyncpg takes some libpq does not, and passes unknown ones
+    to the server as settings)."""
+    try:
+        psycopg.pq.Conninfo.parse(asyncpg_dsn(url).encode())
+    except psycopg.Error as exc:
+        return str(exc).strip()
+    return None
 
 
 def dumps(value: Any) -> str:

@@ -16,7 +16,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from taskfleet.shared.db import DatabaseURL
+from taskfleet.shared.db import DatabaseURL, libpq_refusal
 from taskfleet.shared.logs import LOG_LEVELS, LogFormat
 from taskfleet.shared.policy.retention import RetentionPolicy, parse_retention
 
@@ -72,7 +72,8 @@ class CommonSettings(LoggingSettings):
         description="none (default): DATABASE_URL is Postgres itself (or a session-mode pool). "
         "transaction: DATABASE_URL is a transaction-mode pooler such as PgBouncer; no session "
         "state is kept between transactions (no startup parameters, no cached prepared "
-        "statements, settings by SET LOCAL). A worker then requires TASKFLEET_LISTEN_DATABASE_URL.",
+        "statements, settings by SET LOCAL; the API speaks psycopg 3 to it, so its URL takes "
+        "libpq's parameters). A worker then requires TASKFLEET_LISTEN_DATABASE_URL.",
     )
     task_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -245,6 +246,18 @@ class ApiSettings(CommonSettings):
         description="Largest request body accepted, in bytes (default 16 MiB = 16777216): a "
         "larger one is refused with 413 while it is read, before it is parsed.",
     )
+
+    @model_validator(mode="after")
+    def _pooled_url_is_libpq_s(self) -> ApiSettings:
+        if self.pooled:
+            refusal = libpq_refusal(self.database_url)
+            if refusal is not None:
+                raise ValueError(
+                    "DATABASE_URL: with TASKFLEET_DATABASE_POOLER=transaction the API connects "
+                    f"with libpq (psycopg), which refuses this URL ({refusal}); use libpq's "
+                    "parameters, e.g. sslmode=require"
+                )
+        return self
 
     @model_validator(mode="after")
     def _auth_is_configured(self) -> ApiSettings:

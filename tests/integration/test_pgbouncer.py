@@ -267,6 +267,21 @@ def test_a_pooled_worker_requires_a_direct_listen_url(database_url: str) -> None
     ApiSettings(database_url=database_url, database_pooler="transaction", auth_disabled=True)
 
 
+def test_a_pooled_api_refuses_a_url_libpq_cannot_read(database_url: str) -> None:
+    # asyncpg passes an unknown query parameter to the server as a setting; libpq (the API's
+    # driver behind a pooler) refuses it: said at start, naming the parameter.
+    url = f"{database_url}?applicationname=x"
+    with pytest.raises(ValueError, match=r'DATABASE_URL.*libpq.*"applicationname"'):
+        ApiSettings(database_url=url, database_pooler="transaction", auth_disabled=True)
+    # Directly on Postgres the API is on asyncpg: not its concern there.
+    ApiSettings(database_url=url, auth_disabled=True)
+    ApiSettings(
+        database_url=f"{database_url}?sslmode=disable",
+        database_pooler="transaction",
+        auth_disabled=True,
+    )
+
+
 @pytest.fixture
 async def pooled_api(database_url: str, pgbouncer: PgBouncer) -> AsyncIterator[httpx.AsyncClient]:
     settings = ApiSettings(
