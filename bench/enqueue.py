@@ -58,14 +58,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def start_api(url: str) -> tuple[processes.Process, str]:
-    """``taskfleet api`` on a free port, as deployed (one uvicorn process); returns its URL."""
+async def start_api(
+    url: str, extra_env: dict[str, str] | None = None
+) -> tuple[processes.Process, str]:
+    """``taskfleet api`` on a free port, as deployed (one uvicorn process); returns its URL.
+    ``extra_env``: more settings (they win over the defaults here)."""
     port = _free_port()
     argv = [sys.executable, "-m", "taskfleet.cli", "api", "--host", "127.0.0.1"]
     env = {
         "DATABASE_URL": url,
         "TASKFLEET_API_TOKENS": f"submit:{TOKEN}",
         "TASKFLEET_LOG_LEVEL": "WARNING",
+        **(extra_env or {}),
     }
     api = await processes.start("taskfleet-api", [*argv, "--port", str(port)], env)
     api.discard_output()

@@ -1,6 +1,7 @@
 """HTTP submission against the database's own ceiling: is the API the bottleneck?
 
     python -m bench.http_submit [--tasks 4000] [--inflight 16] [--reps 3]
+                                [--pooler none|transaction]
 
 Per repetition, on fresh databases, back to back:
 - **http**: ``POST /tasks`` one by one, ``--inflight`` requests in flight (each on its own
@@ -11,6 +12,11 @@ Per repetition, on fresh databases, back to back:
 
 The ratio http / raw is computed per repetition (target: >= 0.4). Prints one JSON line per
 repetition; ``python -m bench.run --only http-submit`` prints the table.
+
+``--pooler transaction``: the API reaches Postgres through a transaction-mode PgBouncer (Debian's
+package, ``tests/pgbouncer.py``, ``default_pool_size`` 20) with
+``TASKFLEET_DATABASE_POOLER=transaction`` and its LISTEN URL direct, as
+docs/operations.md#pgbouncer deploys it; the raw path stays direct (what Postgres takes).
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from bench import processes
 from bench.enqueue import TOKEN, start_api
 from bench.scratch import DEFAULT_SERVER, Templates
 from bench.systems import Taskfleet
+from tests.pgbouncer import start as start_pgbouncer
+
+#: PgBouncer's default_pool_size with --pooler transaction: above the API's pool (10).
+PGBOUNCER_POOL = 20
 
 RAW_INSERT = """
 WITH inserted AS (
@@ -110,28 +120,49 @@ class KeepAliveClient:
 BODY = json.dumps({"type": "demo.echo", "payload": {}}).encode()
 
 
-async def measure_http(templates: Templates, *, tasks: int, inflight: int) -> tuple[float, float]:
+async def measure_http(
+    templates: Templates, *, tasks: int, inflight: int, pooler: str = "none"
+) -> tuple[float, float]:
     """Requests/s, and API CPU seconds per request."""
     system = Taskfleet()
     async with templates.clone(system.template_key, system.install) as url:
-        api, base = await start_api(url)
-        host, _, port = base.removeprefix("http://").partition(":")
-        clients = [KeepAliveClient(host, int(port), TOKEN) for _ in range(inflight)]
+        bouncer = None
+        extra_env: dict[str, str] = {}
+        if pooler == "transaction":
+            bouncer = await asyncio.to_thread(start_pgbouncer, url, pool_size=PGBOUNCER_POOL)
+            extra_env = {
+                "DATABASE_URL": bouncer.url(url),
+                "TASKFLEET_DATABASE_POOLER": "transaction",
+                "TASKFLEET_LISTEN_DATABASE_URL": url,
+            }
         try:
-
-            async def one(i: int) -> None:
-                status = await clients[i].post(BODY)
-                if status != 201:
-                    raise RuntimeError(f"POST /tasks: {status}")
-
-            await _burst(one, inflight, min(200, tasks))  # warm up
-            cpu = process_cpu_seconds(api.proc.pid)
-            rate = await _burst(one, inflight, tasks)
-            return rate, (process_cpu_seconds(api.proc.pid) - cpu) / tasks
+            return await _measure_api(url, extra_env, tasks=tasks, inflight=inflight)
         finally:
-            for client in clients:
-                await client.close()
-            await processes.stop([api])
+            if bouncer is not None:
+                bouncer.stop()
+
+
+async def _measure_api(
+    url: str, extra_env: dict[str, str], *, tasks: int, inflight: int
+) -> tuple[float, float]:
+    api, base = await start_api(url, extra_env)
+    host, _, port = base.removeprefix("http://").partition(":")
+    clients = [KeepAliveClient(host, int(port), TOKEN) for _ in range(inflight)]
+    try:
+
+        async def one(i: int) -> None:
+            status = await clients[i].post(BODY)
+            if status != 201:
+                raise RuntimeError(f"POST /tasks: {status}")
+
+        await _burst(one, inflight, min(200, tasks))  # warm up
+        cpu = process_cpu_seconds(api.proc.pid)
+        rate = await _burst(one, inflight, tasks)
+        return rate, (process_cpu_seconds(api.proc.pid) - cpu) / tasks
+    finally:
+        for client in clients:
+            await client.close()
+        await processes.stop([api])
 
 
 async def measure_raw(templates: Templates, *, tasks: int, inflight: int) -> float:
@@ -151,14 +182,16 @@ async def measure_raw(templates: Templates, *, tasks: int, inflight: int) -> flo
                 await c.close()
 
 
-async def measure(templates: Templates, *, tasks: int, inflight: int, rep: int) -> SubmitRates:
+async def measure(
+    templates: Templates, *, tasks: int, inflight: int, rep: int, pooler: str = "none"
+) -> SubmitRates:
     """One repetition: both paths back to back, in an order alternating with ``rep``."""
     if rep % 2 == 0:
-        http, cpu = await measure_http(templates, tasks=tasks, inflight=inflight)
+        http, cpu = await measure_http(templates, tasks=tasks, inflight=inflight, pooler=pooler)
         raw = await measure_raw(templates, tasks=tasks, inflight=inflight)
     else:
         raw = await measure_raw(templates, tasks=tasks, inflight=inflight)
-        http, cpu = await measure_http(templates, tasks=tasks, inflight=inflight)
+        http, cpu = await measure_http(templates, tasks=tasks, inflight=inflight, pooler=pooler)
     return SubmitRates(http, raw, cpu)
 
 
@@ -166,11 +199,14 @@ async def _main(args: argparse.Namespace) -> None:
     templates = Templates(args.database_url)
     try:
         for rep in range(args.reps):
-            rates = await measure(templates, tasks=args.tasks, inflight=args.inflight, rep=rep)
+            rates = await measure(
+                templates, tasks=args.tasks, inflight=args.inflight, rep=rep, pooler=args.pooler
+            )
             print(
                 json.dumps(
                     {
                         "bench": "http-submit",
+                        "pooler": args.pooler,
                         "rep": rep + 1,
                         "tasks": args.tasks,
                         "inflight": args.inflight,
@@ -193,6 +229,12 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--database-url", default=DEFAULT_SERVER)
+    parser.add_argument(
+        "--pooler",
+        choices=("none", "transaction"),
+        default="none",
+        help="the API through a transaction-mode PgBouncer (the raw path stays direct)",
+    )
     asyncio.run(_main(parser.parse_args()))
 
 

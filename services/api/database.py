@@ -198,6 +198,11 @@ def _unasked_data(driver: Any) -> bool:
     return bool(readable)
 
 
+#: The isolation of ``Database.transaction()``: Postgres's default, named (behind a pooler
+#: the engine's connections rest in autocommit).
+TRANSACTION_ISOLATION = "READ COMMITTED"
+
+
 class AutocommitConnection:
     """A pooled connection used in autocommit: each statement is its own transaction, sent
     straight to the driver, past SQLAlchemy's execution layer.
@@ -230,12 +235,11 @@ class AsyncpgAutocommit(AutocommitConnection):
 
 
 class PsycopgAutocommit(AutocommitConnection):
-    """On psycopg 3 (behind a transaction-mode pooler, see :func:`Database.create`), with the
-    pooled connection switched to autocommit for the checkout (SQLAlchemy switches it back when
-    it returns). psycopg sends an unprepared statement as Parse, Bind and Execute in one round
-    trip; asyncpg without a statement cache needs two (the statement's description first), and
-    through the pooler each is a hop more (docs/benchmarks.md, "the API's driver behind a
-    pooler")."""
+    """On psycopg 3 (behind a transaction-mode pooler, see :func:`Database.create`), whose
+    pooled connections rest in autocommit. psycopg sends an unprepared statement as Parse, Bind
+    and Execute in one round trip; asyncpg without a statement cache needs two (the statement's
+    description first), and through the pooler each is a hop more (docs/benchmarks.md, "the
+    API's driver behind a pooler")."""
 
     def __init__(self, driver: psycopg.AsyncConnection[Any]) -> None:
         self.driver = driver
@@ -331,6 +335,10 @@ class Database:
             max_overflow=0,
             pool_timeout=10,
             connect_args=connect_args,
+            # psycopg's connections rest in autocommit, as asyncpg's do: the single statements
+            # (the hot path) run as they are, and transaction() switches a connection out of it
+            # for its block (SQLAlchemy switches it back when the connection is returned).
+            **({"isolation_level": "AUTOCOMMIT"} if pooled else {}),
         )
         _ping_after_idle(engine, PING_AFTER_IDLE_SECONDS)
         return cls(engine, pooled=pooled)
@@ -338,8 +346,11 @@ class Database:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A connection in a transaction, committed when the block exits without an error."""
-        async with translated_errors(), self.engine.begin() as conn:
-            yield conn
+        async with translated_errors(), self.engine.connect() as conn:
+            if self._pooled:
+                await conn.execution_options(isolation_level=TRANSACTION_ISOLATION)
+            async with conn.begin():
+                yield conn
 
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[AutocommitConnection]:
@@ -347,9 +358,7 @@ class Database:
         statement instead of BEGIN, statement, COMMIT. For work that is a single statement."""
         async with translated_errors(), self.engine.connect() as conn:
             if self._pooled:
-                # psycopg begins a transaction before a statement unless in autocommit; the
-                # option is the connection's until it goes back to the pool (no round trip).
-                await conn.execution_options(isolation_level="AUTOCOMMIT")
+                # In autocommit already (the engine's default, see create()).
                 pooled = await conn.get_raw_connection()
                 driver = pooled.driver_connection
                 assert isinstance(driver, psycopg.AsyncConnection)

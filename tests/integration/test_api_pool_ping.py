@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from bench.systems import taskfleet_insert_params
 from taskfleet.api import database as api_database
 from taskfleet.api.database import Database, DatabaseUnavailable
 from taskfleet.shared import queries as q
@@ -176,3 +177,31 @@ async def test_a_cancelled_statement_leaves_the_pooled_connection_usable(
             await statement
     for _ in range(3):
         assert await database.fetch_all(q.schema_revision)
+
+
+async def test_a_transaction_is_one_and_single_statements_stand_alone(
+    database: Database, database_url: str
+) -> None:
+    """transaction() is atomic on both drivers (behind a pooler the connections rest in
+    autocommit and the block switches one out of it), and autocommit() right after it on the
+    same pooled connection is back to one statement, one transaction."""
+
+    class Abort(Exception):
+        pass
+
+    params = taskfleet_insert_params(1)
+    with pytest.raises(Abort):
+        async with database.transaction() as conn:
+            await api_database.fetch_all(conn, q.task_insert_batch, **params)
+            raise Abort
+    async with database.autocommit() as single:
+        await api_database.fetch_all(single, q.task_insert_batch, **params)
+    async with connect(database_url) as observer:
+        # Only the single statement's task: the transaction's was rolled back.
+        assert await observer.fetchval("SELECT count(*) FROM taskfleet.tasks") == 1
+        # And no transaction left open on the API's connection.
+        assert not await observer.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"
+            " AND application_name = $1 AND datname = current_database()",
+            _application(database),
+        )
