@@ -324,6 +324,24 @@ async def test_the_api_serves_concurrent_requests_through_pgbouncer(
     assert config.status_code in (200, 404), config.text
 
 
+async def test_the_api_replaces_connections_pgbouncer_dropped_without_a_failed_request(
+    pooled_api: httpx.AsyncClient, pgbouncer: PgBouncer, database_url: str
+) -> None:
+    """PgBouncer dropping its clients (``KILL``: a pooler restarting, or an operator draining
+    it) closes every pooled API connection while it sits idle. psycopg learns that only when it
+    next reads; the pool's checkout sees the goodbye in the socket and replaces the connection
+    before the request's statement, so no request fails for it."""
+    await _submit_and_read(pooled_api, 12)  # several pooled connections, all idle now
+    database = database_url.rsplit("/", 1)[1].split("?")[0]
+    await pgbouncer.admin(f"KILL {database}")
+    await pgbouncer.admin(f"RESUME {database}")
+    for i in range(12):
+        created = await pooled_api.post(
+            "/tasks", json={"type": "demo.echo", "payload": {"value": i}}
+        )
+        assert created.status_code == 201, created.text
+
+
 async def test_without_the_setting_the_api_answers_503_naming_it(
     database_url: str, pgbouncer: PgBouncer
 ) -> None:
