@@ -357,21 +357,19 @@ class Database:
         """A connection on which each statement is its own transaction: one round trip per
         statement instead of BEGIN, statement, COMMIT. For work that is a single statement."""
         async with translated_errors(), self.engine.connect() as conn:
-            if self._pooled:
-                # In autocommit already (the engine's default, see create()).
-                pooled = await conn.get_raw_connection()
-                driver = pooled.driver_connection
-                assert isinstance(driver, psycopg.AsyncConnection)
-                try:
-                    yield PsycopgAutocommit(driver)
-                except BaseException:
-                    if driver.broken or driver.closed:
-                        # Discarded, not reset: a rollback on it would only fail (and log).
-                        await conn.invalidate()
-                    raise
-            else:
-                pooled = await conn.get_raw_connection()
-                yield AsyncpgAutocommit(pooled.driver_connection)
+            driver = (await conn.get_raw_connection()).driver_connection
+            if not self._pooled:
+                yield AsyncpgAutocommit(driver)
+                return
+            # psycopg, in autocommit already (the engine's default, see create()).
+            assert isinstance(driver, psycopg.AsyncConnection)
+            try:
+                yield PsycopgAutocommit(driver)
+            except BaseException:
+                if driver.broken or driver.closed:
+                    # Discarded, not reset: a rollback on it would only fail (and log).
+                    await conn.invalidate()
+                raise
 
     async def fetch_all(self, query: Query, **params: Any) -> list[Row]:
         async with self.autocommit() as conn:
