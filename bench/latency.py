@@ -6,11 +6,12 @@ Two figures per task:
   taskfleet ``tasks.started_at - created_at``; pgqueuer the ``picked`` minus the ``queued`` entry
   of ``pgqueuer_log``; procrastinate the ``started`` minus the ``deferred`` event. The enqueue
   stamp is the submitting transaction's ``now()`` everywhere, so each figure includes that
-  transaction's commit (and its WAL flush) and the wake-up. The start stamps differ: the peers'
-  are their dequeue transaction's ``now()`` (when the claim statement began), taskfleet's is
-  ``clock_timestamp()`` inside its claim when the rows are taken (after the claim's scans: the
-  label limits' accounting needs it), so taskfleet's figure also holds most of its claim
-  statement's execution (0.36-0.38 ms p50 of it, measured with an instrumented worker).
+  transaction's commit (and its WAL flush) and the wake-up. The start stamp is the ``now()`` of
+  the statement that claimed the task everywhere: the peers' dequeue transaction's, taskfleet's
+  claim statement's (with no label limit active; a limited claim stamps when it takes the rows,
+  which its accounting needs, docs/architecture.md). Earlier builds stamped that later clock in
+  every claim, so their figure also held most of the claim's execution (0.36-0.38 ms p50,
+  measured with an instrumented worker; docs/benchmarks.md has figures of both).
 - **end to end**, on the wall clock of this machine: from just before the submitter's enqueue
   call to the first line of the handler (:mod:`bench.stamps`: every system's handler appends its
   job id and ``time.time()`` to one file, the same write for all). What a submitter waits for,

@@ -258,10 +258,10 @@ class Bench:
             table(["system", *cols], rows),
             "Idle fleet of one worker (10 slots), 200 tasks submitted one at a time 20 ms apart "
             "through each system's Python enqueue path. The enqueue stamp is the submitting "
-            "transaction's now() everywhere; the start stamp is the peers' dequeue transaction's "
-            "now(), taskfleet's the clock inside its claim when the rows are taken (after the "
-            "claim's scans): taskfleet's figure holds most of its claim statement, the peers' "
-            "none of theirs. 'enqueue call p50' is the submitter's median wall time per enqueue "
+            "transaction's now() everywhere, and the start stamp the now() of the statement "
+            "that claimed the task (with no label limit active, taskfleet's claim stamps when "
+            "it began, as the peers' dequeues do). 'enqueue call p50' is the submitter's median "
+            "wall time per enqueue "
             "call (mostly its commit), which every pickup includes."
             + _per_rep_ratios(series, ["p50"]),
         )

@@ -856,6 +856,7 @@ def _claim_sql(*, limited: bool, probes: bool = True) -> str:
         # Never a stale list from an earlier limited claim: it would be released twice.
         else "'{}'"
     )
+    taken_at = "clock_timestamp()" if limited else "now()"
     limit_except = (
         "\n                               EXCEPT SELECT id FROM over_limit" if limited else ""
     )
@@ -923,12 +924,16 @@ def _claim_sql(*, limited: bool, probes: bool = True) -> str:
         SET status = 'running',
             worker_id = CAST(:worker_id AS text),
             attempts = t.attempts + 1,
-            -- The clock when the rows are taken, after this statement's snapshot: later than the
-            -- finished_at of any finish whose freed slot (label limit) this claim used.
+            -- When the claim began (see taken_at below).
             started_at = taken_at.now,
             lease_expires_at = taken_at.now + make_interval(secs => CAST(:lease_ttl AS float8)),
             limit_labels = {limit_labels}
-        FROM (SELECT clock_timestamp() AS now) AS taken_at
+        -- The limited claim stamps the clock when the rows are taken, after its snapshot and its
+        -- limit locks: later than the finished_at of any finish whose freed slot (label limit)
+        -- it used, so a label's [started_at, finished_at] intervals never overlap beyond its
+        -- limit. Without limits nothing needs the later clock, and the claim stamps when it
+        -- began, as a peer's dequeue does (docs/benchmarks.md, "Pickup").
+        FROM (SELECT {taken_at} AS now) AS taken_at
         -- = ANY(ARRAY(...)) makes this a primary-key lookup; a join against the picks is
         -- planned as a hash join over the whole table once it grows (measured: 15 ms at 20k).
         WHERE t.id = ANY(ARRAY(SELECT id FROM control UNION ALL SELECT id FROM strict

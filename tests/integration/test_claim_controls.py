@@ -242,6 +242,33 @@ async def test_max_in_flight_caps_claims_and_a_finish_frees_a_slot(
     assert await conn.fetchval("SELECT in_flight FROM taskfleet.label_limits") == 2
 
 
+async def test_the_limited_claim_stamps_when_it_takes_rows_the_plain_one_when_it_began(
+    conn: asyncpg.Connection,
+) -> None:
+    """started_at: a plain claim's statement start (now(), as a peer's dequeue stamps it); the
+    limited claim's clock when it takes the rows, so a claim that used a slot a finish freed
+    stamps after that finish (docs/architecture.md, "The claim's clock"). Each claim runs in a
+    transaction that slept first: its now() is then well before its clock."""
+    (plain,) = await insert_tasks(conn, [NewTask(labels=["b"])])
+    async with conn.transaction():
+        await conn.execute("SELECT pg_sleep(0.05)")
+        assert await claim_ids(conn, groups=[(None, 10)]) == [plain]
+        began, taken = await conn.fetchrow(
+            "SELECT now(), started_at FROM taskfleet.tasks WHERE id = $1", plain
+        )
+    assert taken == began
+
+    await write_config(conn, labelLimits={"a": {"maxInFlight": 2}})
+    (limited,) = await insert_tasks(conn, [NewTask(labels=["a"])])
+    async with conn.transaction():
+        await conn.execute("SELECT pg_sleep(0.05)")
+        assert await claim_ids(conn, groups=[(None, 10)]) == [limited]
+        began, taken = await conn.fetchrow(
+            "SELECT now(), started_at FROM taskfleet.tasks WHERE id = $1", limited
+        )
+    assert (taken - began).total_seconds() >= 0.05
+
+
 async def test_a_limit_counts_tasks_already_running_when_it_is_set(
     conn: asyncpg.Connection,
 ) -> None:
