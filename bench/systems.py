@@ -18,7 +18,7 @@ import asyncpg
 
 from bench import processes, stamps
 from bench.peer_worker import NOOP
-from taskfleet.shared import db, migrations, protocol, queries
+from taskfleet.shared import db, migrations, protocol, queries, submission
 from taskfleet.shared.policy.lanes import lane_for_priority
 
 #: Bound on waiting for workers to say they are ready.
@@ -121,12 +121,16 @@ class TaskfleetPython:
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
-        # A single task is the stamping no-op (bench.stamps), as the peers' single jobs are.
-        self._one = taskfleet_insert_params(1, task_type=stamps.STAMP_TYPE)
+        # A single task is the stamping no-op (bench.stamps), as the peers' single jobs are;
+        # inserted with the statement taskfleet's enqueue paths use for one task.
+        query, params = submission.insert_statement(
+            [submission.Submission(submission.TaskIn(type=stamps.STAMP_TYPE), "{}")]
+        )
+        self._one_sql, self._one_args = query.positional(params)
 
     async def one(self) -> int:
-        (task_id,) = await taskfleet_insert(self.conn, self._one)
-        return task_id
+        row = await self.conn.fetchrow(self._one_sql, *self._one_args)
+        return int(row["id"])
 
     async def many(self, n: int) -> None:
         await taskfleet_insert(self.conn, taskfleet_insert_params(n))

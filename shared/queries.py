@@ -176,6 +176,39 @@ task_insert_batch = _query(
     """,
 )
 
+# One task: task_insert_batch's insert and answer (the same columns, ord 1) without the unnest
+# of eleven arrays and the join back to the input, about a quarter of its server time for a
+# single task (docs/benchmarks.md, "Enqueue"). Its labels and requires come as arrays.
+task_insert_one = _query(
+    "task_insert_one",
+    f"""
+    WITH
+    grouping_now AS ({_GROUPING_LATEST}),
+    inserted AS (
+        INSERT INTO taskfleet.tasks AS t
+            (type, payload, priority, weight, labels, max_attempts, run_after, timeout,
+             unique_key, group_key, requires)
+        SELECT CAST(:type AS text), CAST(:payload AS jsonb), CAST(:priority AS int),
+               CAST(:weight AS int), CAST(:labels AS text[]), CAST(:max_attempts AS int),
+               COALESCE(CAST(:run_at AS timestamptz),
+                        now() + make_interval(secs => COALESCE(CAST(:delay AS float8), 0))),
+               CAST(:timeout AS float8), CAST(:unique_key AS text),
+               taskfleet.task_group_key(CAST(:labels AS text[]), grouping_now.labels),
+               -- Stored sorted and without duplicates (a set of tags), as the batch does.
+               ARRAY(SELECT DISTINCT r.tag FROM unnest(CAST(:requires AS text[])) AS r(tag)
+                     ORDER BY r.tag)
+        FROM grouping_now
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+        DO NOTHING
+        RETURNING {_TASK_COLUMNS}
+    ),
+    wake AS (SELECT pg_notify('{TASK_READY_CHANNEL}', CAST(:wake_hint AS text)) AS sent)
+    SELECT CAST(1 AS bigint) AS ord, CAST(:unique_key AS text) AS input_unique_key,
+           (inserted.id IS NULL) AS deduplicated, inserted.*
+    FROM wake LEFT JOIN inserted ON true
+    """,
+)
+
 task_get_unfinished_by_unique_key = _query(
     "task_get_unfinished_by_unique_key",
     f"""
@@ -1653,6 +1686,7 @@ def server_max_connections_set(max_connections: int) -> str:
 #: gets a new function, and workers of the old code keep theirs during a rollout).
 SERVER_FUNCTIONS: tuple[Query, ...] = (
     task_insert_batch,
+    task_insert_one,
     task_finish_batch,
     task_release,
     worker_tick,

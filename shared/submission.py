@@ -2,8 +2,9 @@
 
 ``POST /tasks``, ``POST /tasks/batch`` and the Python enqueue functions (``taskfleet.enqueue``
 and friends, inside the caller's own transaction) all validate with :class:`TaskIn` and
-:func:`check_submission`, and all insert through the named query ``task_insert_batch`` driven by
-:func:`insert_steps`, so a rule added here (or to that query) applies to every path.
+:func:`check_submission`, and all insert through the named query ``task_insert_batch`` (or
+``task_insert_one``, the same insert for a single task) driven by :func:`insert_steps`, so a rule
+added here (or to those queries) applies to every path.
 
 :func:`insert_steps` is written without I/O: it yields the named queries to run and receives
 their rows, so the async drivers (SQLAlchemy's and asyncpg's) and the sync one (SQLAlchemy's)
@@ -330,7 +331,7 @@ def check_submission(
 
 
 # --------------------------------------------------------------------------------------------
-# The insert: task_insert_batch with its deduplication loop, written without I/O.
+# The insert: task_insert_batch (or _one) with its deduplication loop, written without I/O.
 
 
 def insert_params(submissions: Sequence[Submission]) -> dict[str, Any]:
@@ -352,6 +353,33 @@ def insert_params(submissions: Sequence[Submission]) -> dict[str, Any]:
     }
 
 
+def insert_one_params(submission: Submission) -> dict[str, Any]:
+    """The parameters of ``task_insert_one`` for this task."""
+    task = submission.task
+    return {
+        "type": task.type,
+        "payload": submission.payload_json,
+        "priority": task.priority,
+        "weight": task.weight,
+        "labels": list(task.labels),
+        "max_attempts": task.max_attempts,
+        "delay": task.delay_seconds,
+        "run_at": task.run_at,
+        "timeout": task.timeout_seconds,
+        "unique_key": task.unique_key,
+        "requires": list(task.requires),
+        "wake_hint": protocol.wake_hint([lane_for_priority(task.priority).value]),
+    }
+
+
+def insert_statement(submissions: Sequence[Submission]) -> tuple[q.Query, dict[str, Any]]:
+    """The statement that inserts these tasks, and its parameters: ``task_insert_one`` for a
+    single task (a quarter less server time), else ``task_insert_batch``."""
+    if len(submissions) == 1:
+        return q.task_insert_one, insert_one_params(submissions[0])
+    return q.task_insert_batch, insert_params(submissions)
+
+
 #: Yields (named query, parameters), is sent the query's rows, returns each task's row and
 #: whether it was deduplicated onto an unfinished task with the same unique_key.
 InsertSteps = Generator[tuple[q.Query, dict[str, Any]], list[Row], list[tuple[Row, bool]]]
@@ -363,7 +391,7 @@ def insert_steps(submissions: Sequence[Submission]) -> InsertSteps:
     results: list[tuple[Row, bool] | None] = [None] * len(submissions)
     todo = list(range(len(submissions)))
     for _ in range(DEDUP_ATTEMPTS):
-        rows = yield q.task_insert_batch, insert_params([submissions[i] for i in todo])
+        rows = yield insert_statement([submissions[i] for i in todo])
         vanished: list[int] = []
         for index, row in zip(todo, rows, strict=True):
             if not row["deduplicated"]:
