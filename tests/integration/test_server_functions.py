@@ -17,6 +17,7 @@ from bench.systems import taskfleet_insert_params
 from taskfleet.api.database import Database as ApiDatabase
 from taskfleet.api.database import fetch_all
 from taskfleet.shared import queries as q
+from taskfleet.shared import submission
 from taskfleet.worker.database import Database
 from tests.integration import workerkit as kit
 from tests.integration.sql import connected, insert_task
@@ -82,6 +83,42 @@ async def test_the_function_sets_the_commit_mode_and_bounds_its_lock_waits(
             q.server_function_name(q.task_release),
         )
         assert config == [f"lock_timeout={q.SERVER_FUNCTION_LOCK_TIMEOUT}"]
+
+
+async def test_a_single_task_goes_through_its_own_function_behind_a_pooler(
+    database_url: str,
+) -> None:
+    """task_insert_one names two parameters twice (labels, unique_key): its function takes each
+    once and answers what the statement answers."""
+    call = q.server_function_call(q.task_insert_one)
+    task = submission.Submission(
+        submission.TaskIn(type="demo.echo", labels=["b", "a"], unique_key="one", requires=["x"]),
+        "{}",
+    )
+    params = submission.insert_one_params(task)
+    pooled = ApiDatabase.create(database_url, pool_size=1, pooled=True)
+    direct = ApiDatabase.create(database_url, pool_size=1)
+    try:
+        async with pooled.autocommit() as conn:
+            assert await pooled.routed(conn, q.task_insert_one) == call
+            (through_function,) = await fetch_all(
+                conn, call, **params, **{q.SYNCHRONOUS_COMMIT_PARAM: "on"}
+            )
+            (again,) = await fetch_all(conn, call, **params, **{q.SYNCHRONOUS_COMMIT_PARAM: "on"})
+        async with connected(database_url) as raw:
+            await raw.execute("UPDATE taskfleet.tasks SET unique_key = NULL")
+        async with direct.autocommit() as conn:
+            (through_statement,) = await fetch_all(conn, q.task_insert_one, **params)
+    finally:
+        await pooled.dispose()
+        await direct.dispose()
+    assert list(through_function.keys()) == list(through_statement.keys())
+    varying = {"id", "created_at", "run_after"}
+    assert {k: v for k, v in through_function.items() if k not in varying} == {
+        k: v for k, v in through_statement.items() if k not in varying
+    }
+    assert (through_function["labels"], through_function["requires"]) == (["b", "a"], ["x"])
+    assert (again["deduplicated"], again["input_unique_key"]) == (True, "one")
 
 
 async def test_the_api_inserts_through_the_function_behind_a_pooler(
