@@ -114,6 +114,20 @@ _GROUPING_LATEST = """
 # Tasks: submission and queries (API)
 # --------------------------------------------------------------------------------------------
 
+# The insert's shared parts (task_insert_batch, task_insert_one): a unique_key that matches an
+# unfinished task inserts nothing; the start is run_at, else now + delay; one wake-up per
+# submitting statement, not per row, delivered at commit.
+_UNIQUE_KEY_CONFLICT = """
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+        DO NOTHING"""
+
+
+def _run_after(run_at: str, delay: str) -> str:
+    return f"COALESCE({run_at}, now() + make_interval(secs => COALESCE({delay}, 0)))"
+
+
+_WAKE = f"wake AS (SELECT pg_notify('{TASK_READY_CHANNEL}', CAST(:wake_hint AS text)) AS sent)"
+
 task_insert_batch = _query(
     "task_insert_batch",
     f"""
@@ -146,27 +160,23 @@ task_insert_batch = _query(
     -- The current grouping (configured label set), read once per statement: each row's group
     -- key is computed here by the one rule, taskfleet.task_group_key.
     grouping_now AS ({_GROUPING_LATEST}),
-    -- A unique_key that matches an unfinished task inserts nothing.
     inserted AS (
         INSERT INTO taskfleet.tasks AS t
             (id, type, payload, priority, weight, labels, max_attempts, run_after, timeout,
              unique_key, group_key, requires)
         SELECT input.id, input.type, CAST(input.payload AS jsonb), input.priority,
                input.weight, input.label_array, input.max_attempts,
-               COALESCE(input.run_at, now() + make_interval(secs => COALESCE(input.delay, 0))),
+               {_run_after("input.run_at", "input.delay")},
                input.timeout, input.unique_key,
                taskfleet.task_group_key(input.label_array, grouping_now.labels),
                input.requires_array
         FROM input CROSS JOIN grouping_now
         -- Inserted in unique_key order, whatever the submission order: concurrent batches
         -- that share keys wait on each other's keys in one order, never in a cycle.
-        ORDER BY input.unique_key, input.ord
-        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
-        DO NOTHING
+        ORDER BY input.unique_key, input.ord{_UNIQUE_KEY_CONFLICT}
         RETURNING {_TASK_COLUMNS}
     ),
-    -- One wake-up per submitting statement, not per row; delivered at commit.
-    wake AS (SELECT pg_notify('{TASK_READY_CHANNEL}', CAST(:wake_hint AS text)) AS sent)
+    {_WAKE}
     SELECT input.ord, input.unique_key AS input_unique_key, (inserted.id IS NULL) AS deduplicated,
            inserted.*
     FROM input
@@ -190,19 +200,16 @@ task_insert_one = _query(
              unique_key, group_key, requires)
         SELECT CAST(:type AS text), CAST(:payload AS jsonb), CAST(:priority AS int),
                CAST(:weight AS int), CAST(:labels AS text[]), CAST(:max_attempts AS int),
-               COALESCE(CAST(:run_at AS timestamptz),
-                        now() + make_interval(secs => COALESCE(CAST(:delay AS float8), 0))),
+               {_run_after("CAST(:run_at AS timestamptz)", "CAST(:delay AS float8)")},
                CAST(:timeout AS float8), CAST(:unique_key AS text),
                taskfleet.task_group_key(CAST(:labels AS text[]), grouping_now.labels),
                -- Stored sorted and without duplicates (a set of tags), as the batch does.
                ARRAY(SELECT DISTINCT r.tag FROM unnest(CAST(:requires AS text[])) AS r(tag)
                      ORDER BY r.tag)
-        FROM grouping_now
-        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
-        DO NOTHING
+        FROM grouping_now{_UNIQUE_KEY_CONFLICT}
         RETURNING {_TASK_COLUMNS}
     ),
-    wake AS (SELECT pg_notify('{TASK_READY_CHANNEL}', CAST(:wake_hint AS text)) AS sent)
+    {_WAKE}
     SELECT CAST(1 AS bigint) AS ord, CAST(:unique_key AS text) AS input_unique_key,
            (inserted.id IS NULL) AS deduplicated, inserted.*
     FROM wake LEFT JOIN inserted ON true

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+from datetime import datetime
 
 import asyncpg
 
@@ -249,23 +250,22 @@ async def test_the_limited_claim_stamps_when_it_takes_rows_the_plain_one_when_it
     limited claim's clock when it takes the rows, so a claim that used a slot a finish freed
     stamps after that finish (docs/architecture.md, "The claim's clock"). Each claim runs in a
     transaction that slept first: its now() is then well before its clock."""
-    (plain,) = await insert_tasks(conn, [NewTask(labels=["b"])])
-    async with conn.transaction():
-        await conn.execute("SELECT pg_sleep(0.05)")
-        assert await claim_ids(conn, groups=[(None, 10)]) == [plain]
-        began, taken = await conn.fetchrow(
-            "SELECT now(), started_at FROM taskfleet.tasks WHERE id = $1", plain
-        )
+
+    async def began_and_taken(label: str) -> tuple[datetime, datetime]:
+        (task,) = await insert_tasks(conn, [NewTask(labels=[label])])
+        async with conn.transaction():
+            await conn.execute("SELECT pg_sleep(0.05)")
+            assert await claim_ids(conn, groups=[(None, 10)]) == [task]
+            began, taken = await conn.fetchrow(
+                "SELECT now(), started_at FROM taskfleet.tasks WHERE id = $1", task
+            )
+        return began, taken
+
+    began, taken = await began_and_taken("b")
     assert taken == began
 
     await write_config(conn, labelLimits={"a": {"maxInFlight": 2}})
-    (limited,) = await insert_tasks(conn, [NewTask(labels=["a"])])
-    async with conn.transaction():
-        await conn.execute("SELECT pg_sleep(0.05)")
-        assert await claim_ids(conn, groups=[(None, 10)]) == [limited]
-        began, taken = await conn.fetchrow(
-            "SELECT now(), started_at FROM taskfleet.tasks WHERE id = $1", limited
-        )
+    began, taken = await began_and_taken("a")
     assert (taken - began).total_seconds() >= 0.05
 
 
