@@ -89,9 +89,26 @@ def _positive_int(value: object) -> int | None:
     return None
 
 
+def _known_task_ready_payloads() -> dict[str, TaskReady]:
+    """Every payload :func:`wake_hint` writes, parsed once: a wake-up is parsed with one lookup
+    (the parse sits between a notification and the claim it triggers)."""
+    names = sorted(_LANE_NAMES)
+    known: dict[str, TaskReady] = {"": TaskReady(lanes=None)}
+    for mask in range(1, 1 << len(names)):
+        lanes = frozenset(n for i, n in enumerate(names) if mask & (1 << i))
+        known[wake_hint(lanes)] = TaskReady(lanes=lanes)
+    return known
+
+
+_TASK_READY_PAYLOADS = _known_task_ready_payloads()
+
+
 def parse(channel: str, payload: str) -> Message:
     """Parse one notification. Never raises."""
     if channel == TASK_READY_CHANNEL:
+        known = _TASK_READY_PAYLOADS.get(payload)
+        if known is not None:
+            return known
         # Empty: work in any lane. Otherwise a comma-separated list of lane names; anything
         # else is malformed (logged and ignored: the poll finds whatever it was about).
         if not payload:

@@ -137,9 +137,14 @@ class Listener:
 
     def _deliver(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
         message = protocol.parse(channel, payload)
-        result = "malformed" if isinstance(message, protocol.Malformed) else "ok"
-        self._metrics.notifications.labels(channel, result).inc()
         try:
             self._on_message(message)
         except Exception:  # a bad notification must never take the listener down
             log.exception("handling a notification on %s failed", channel)
+        # Counted once acted on: a wake-up's claim goes out first (this callback is queued
+        # behind the claim loop's resumption), not after the counter's code.
+        result = "malformed" if isinstance(message, protocol.Malformed) else "ok"
+        asyncio.get_running_loop().call_soon(self._count, channel, result)
+
+    def _count(self, channel: str, result: str) -> None:
+        self._metrics.notifications.labels(channel, result).inc()

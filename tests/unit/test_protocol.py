@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -79,6 +80,25 @@ def test_task_ready_hint(payload: str, lanes: frozenset[str] | None, control: bo
     message = parse(TASK_READY_CHANNEL, payload)
     assert message == TaskReady(lanes=lanes)
     assert isinstance(message, TaskReady) and message.control is control
+
+
+@pytest.mark.parametrize(
+    "lanes",
+    [
+        frozenset(c)
+        for n in range(4)
+        for c in itertools.combinations(("control", "strict", "normal"), n)
+    ],
+)
+def test_every_hint_a_submission_writes_parses_to_its_lanes(lanes: frozenset[str]) -> None:
+    """Written by wake_hint, read back (by the table of known hints) as the same lanes; spelled
+    another way (spaces, another order), read by the general rule to the same answer."""
+    from taskfleet.shared.protocol import wake_hint
+
+    expected = TaskReady(lanes=lanes or None)
+    assert parse(TASK_READY_CHANNEL, wake_hint(lanes)) == expected
+    if lanes:
+        assert parse(TASK_READY_CHANNEL, " , ".join(sorted(lanes, reverse=True))) == expected
 
 
 @pytest.mark.parametrize("payload", ["x", "normal,bogus", "normal,", " ", '{"op":"x"}'])
