@@ -106,13 +106,12 @@ _TASK_READY_PAYLOADS = _known_task_ready_payloads()
 def parse(channel: str, payload: str) -> Message:
     """Parse one notification. Never raises."""
     if channel == TASK_READY_CHANNEL:
+        # Empty: work in any lane (in the table). Otherwise a comma-separated list of lane
+        # names, spelled as wake_hint writes it (the table) or any other way; anything else is
+        # malformed (logged and ignored: the poll finds whatever it was about).
         known = _TASK_READY_PAYLOADS.get(payload)
         if known is not None:
             return known
-        # Empty: work in any lane. Otherwise a comma-separated list of lane names; anything
-        # else is malformed (logged and ignored: the poll finds whatever it was about).
-        if not payload:
-            return TaskReady(lanes=None)
         named = frozenset(part.strip() for part in payload.split(","))
         if named <= _LANE_NAMES:
             return TaskReady(lanes=named)
