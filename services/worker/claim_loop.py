@@ -302,6 +302,11 @@ class ClaimLoop:
                 running = self._start(row)
                 claimed[(running.lane, running.group)] += 1
             metrics = self._metrics
+            # One increment per series a claim moved, not per task.
+            for (lane, group), n in claimed.items():
+                metrics.series(
+                    metrics.claims, lane.value, group_name(group) if lane is Lane.NORMAL else ""
+                ).inc(n)
             metrics.series(metrics.claim_queries, "claimed" if claimed else "empty").inc()
             if rows and rows[0]["limits_active"] and not limited:
                 # The database has a limit this worker's config does not show yet: claim again
@@ -353,9 +358,6 @@ class ClaimLoop:
             labels=tuple(row["labels"]),
         )
         metrics = self._metrics
-        metrics.series(
-            metrics.claims, lane.value, group_name(group) if lane is Lane.NORMAL else ""
-        ).inc()
         metrics.series(metrics.task_wait, lane.value).observe(max(0.0, row["wait_seconds"] or 0.0))
         self._executor.start(running, row["payload"], cancel_requested=row["cancel_requested"])
         return running

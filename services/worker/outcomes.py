@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -282,15 +283,22 @@ def settle(written: list[Outcome], statuses: dict[int, str], metrics: WorkerMetr
     """After a statement wrote outcomes: count each one the database accepted (``statuses``:
     the status it wrote, by task id), once, as what was written, and log the ones it did not
     write (the lease had moved on)."""
+    counted: Counter[tuple[str, str]] = Counter()
+    accepted: list[Outcome] = []
     for outcome in written:
         status = statuses.get(outcome.id)
         if status is not None:
-            metrics.series(metrics.outcomes, outcome.type, outcome.label(status)).inc()
-            if outcome.on_written is not None:
-                outcome.on_written()
+            counted[(outcome.type, outcome.label(status))] += 1
+            accepted.append(outcome)
         else:
             log.warning(
                 "task %d: outcome %s not written: this worker no longer holds its lease",
                 outcome.id,
                 outcome.status,
             )
+    # One increment per series, not per outcome (each takes the counter's lock).
+    for (task_type, label), n in counted.items():
+        metrics.series(metrics.outcomes, task_type, label).inc(n)
+    for outcome in accepted:
+        if outcome.on_written is not None:
+            outcome.on_written()
