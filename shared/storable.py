@@ -104,6 +104,8 @@ def encode_result(result: Any) -> str:
 
     Such a result fails its attempt for good, with the reason: the handler would return the same
     again, and a stored result that differs from what the handler returned would be worse."""
+    if result is None:
+        return "null"  # most handlers return nothing: no encoder, no checks
     try:
         encoded = _RESULT_ENCODER.encode(result)
     except (TypeError, ValueError) as exc:

@@ -27,6 +27,7 @@ import asyncpg
 import psycopg
 
 from taskfleet.shared.db import asyncpg_dsn
+from tests.ports import free_port
 
 BINARY_CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 MISSING = (
@@ -43,12 +44,6 @@ def binary() -> str:
     if found is None:
         raise FileNotFoundError(MISSING)
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -115,7 +110,7 @@ def start(server_url: str, *, pool_size: int = 4, timeout: float = 15.0) -> PgBo
     port = int(query.get("port", [str(parts.port or 5432)])[0])
     user = parts.username or "postgres"
     workdir = Path(tempfile.mkdtemp(prefix="tf-pgbouncer-"))
-    listen_port = _free_port()
+    listen_port = free_port()
     (workdir / "users.txt").write_text(f'"{user}" ""\n"postgres" ""\n')
     (workdir / "pgbouncer.ini").write_text(
         "\n".join(

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import asyncpg
 import httpx
 
 from taskfleet.shared.db import asyncpg_dsn
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "admin-e2e-token-0001"
@@ -39,12 +39,6 @@ FAST_TIMERS = {
     "TASKFLEET_RUNTIME_CONFIG_POLL_INTERVAL": "1",
     "TASKFLEET_DRAIN_TIMEOUT": "5",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def taskfleet_command() -> list[str]:

@@ -25,7 +25,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +47,7 @@ from pydantic import ValidationError
 from taskfleet.api.app import create_app
 from taskfleet.api.auth import Authenticator
 from taskfleet.shared.settings import ApiSettings
+from tests.ports import free_port
 
 ADMIN_TOKEN = "matrix-admin-token-4f8a2c91"
 SUBMIT_TOKEN = "matrix-submit-token-b7d03e55"
@@ -723,9 +723,7 @@ def test_taskfleet_api_at_warning_logs_no_access_lines(database_url: str) -> Non
     """TASKFLEET_LOG_LEVEL is the lowest level logged, uvicorn's records included: its access
     log is INFO, so at WARNING a request leaves no line (it did: uvicorn's loggers were set to
     INFO whatever the setting)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = process_env(
         database_url, TASKFLEET_API_TOKENS=f"submit:{SUBMIT_TOKEN}", TASKFLEET_LOG_LEVEL="WARNING"
     )

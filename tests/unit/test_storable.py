@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from taskfleet.shared.storable import cap_text, escape_text, json_problem, text_problem
+from taskfleet.shared.storable import (
+    UnstorableResult,
+    cap_text,
+    encode_result,
+    escape_text,
+    json_problem,
+    text_problem,
+)
 
 
 @pytest.mark.parametrize(
@@ -57,3 +66,18 @@ def test_json_problem_handles_any_depth() -> None:
         deep = [deep]
     found = json_problem(deep)
     assert found is not None and found.endswith("contains a NUL character (\\u0000)")
+
+
+@pytest.mark.parametrize(
+    ("result", "stored"),
+    [(None, "null"), ({"a": 1, "b": [1, 2]}, '{"a":1,"b":[1,2]}'), ("ünï", '"ünï"'), (0, "0")],
+)
+def test_a_result_is_stored_as_compact_json(result: object, stored: str) -> None:
+    assert encode_result(result) == stored
+    assert json.loads(stored) == result
+
+
+@pytest.mark.parametrize("result", [float("nan"), {"x": float("inf")}, object(), "a\u0000b"])
+def test_a_result_postgres_cannot_store_is_refused_with_the_reason(result: object) -> None:
+    with pytest.raises(UnstorableResult):
+        encode_result(result)
