@@ -14,8 +14,10 @@ from taskfleet.cli.main import check_listen_address
 from taskfleet.shared import db, queries
 from taskfleet.shared.errors import OperatorError
 
-#: Connections one worker holds: claims; finishes, heartbeats and sweeps; LISTEN.
-CONNECTIONS_PER_WORKER = 3
+#: Connections one worker holds: claims; outcomes and config reads; the heartbeat; LISTEN; and
+#: retention's deletes, from the first time something is due (docs/operations.md, "Database
+#: connections").
+CONNECTIONS_PER_WORKER = 5
 #: Beyond the API's pool and the workers: the config writer, psql, the user's own scripts.
 SPARE_CONNECTIONS = 10
 

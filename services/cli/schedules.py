@@ -20,7 +20,6 @@ from taskfleet.cli.client import (
     DEFAULT_URL,
     TokenOption,
     UrlOption,
-    WideOption,
     _cell,
     _client,
     _ReportApiErrors,
@@ -148,9 +147,20 @@ def schedule_detail(schedule: Mapping[str, Any]) -> Table:
     return table
 
 
+#: What ``--wide`` adds here (the workers command's option names the workers' columns).
+ScheduleWideOption = Annotated[
+    bool,
+    typer.Option(
+        "--wide/--narrow",
+        help="Show every column (exact next and last times, labels, priority, source), wider "
+        "than 80 columns.",
+    ),
+]
+
+
 @schedules_app.command("list")
 def schedules_list(
-    wide: WideOption = False, url: UrlOption = DEFAULT_URL, token: TokenOption = None
+    wide: ScheduleWideOption = False, url: UrlOption = DEFAULT_URL, token: TokenOption = None
 ) -> None:
     """Show every schedule: its timing, when it runs next and when it last ran."""
     with _ReportApiErrors(url), _client(url, token) as client:

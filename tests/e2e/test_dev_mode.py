@@ -176,13 +176,13 @@ def test_a_corrupt_handle_list_is_repaired_and_leaks_no_server(datadir: Path) ->
 
 
 def test_the_embedded_server_is_sized_for_the_workers_asked_for(datadir: Path) -> None:
-    # A server that allows fewer connections than the API's pool and 3 workers need (10 + 9 + 10).
+    # A server that allows fewer connections than the API's pool and 3 workers need (10 + 15 + 10).
     initialise(datadir, "ALTER SYSTEM SET max_connections = 20")
     run = start_dev(datadir, "--workers", "3")
     try:
         run.wait_for(BANNER)
         output = run.output()
-        assert "max_connections from 20 to 29" in output
+        assert "max_connections from 20 to 35" in output
         assert all(f"worker {i}" in output.split(BANNER)[1] for i in (1, 2, 3))
         assert "too many clients" not in output
     finally:
@@ -196,7 +196,7 @@ def test_an_external_database_too_small_for_the_workers_is_refused(
     result = run_taskfleet("dev", "--workers", "5000", "--port", str(free_port()), env=env)
     assert result.returncode == 2
     line = one_error_line(result)
-    assert "--workers 5000 needs up to 15020 database connections" in line
+    assert "--workers 5000 needs up to 25020 database connections" in line
     assert "max_connections" in line
     assert BANNER not in result.stdout
 
