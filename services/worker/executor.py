@@ -111,11 +111,17 @@ class Executor:
             if running.cancel_reason is not None:
                 raise asyncio.CancelledError
             outcome = await self._attempt(running, payload)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            outcome = self._interrupted(running)
+            if running.cancel_reason is None and (task is None or task.cancelling() == 0):
+                # Nobody cancelled this attempt: the handler's own CancelledError (a future it
+                # awaited was cancelled elsewhere). A failure like any other exception, retried
+                # by its rules; given back uncounted it would run again at once, for ever.
+                outcome = self._failure(running, exc, permanent=False)
+            else:
+                if task is not None:
+                    task.uncancel()
+                outcome = self._interrupted(running)
         finally:
             if running.thread_running:
                 # A blocking handler's thread goes on after its timeout or cancel: the attempt

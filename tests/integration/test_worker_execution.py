@@ -89,6 +89,25 @@ async def test_exhausted_attempts_fail_the_task_with_the_last_error(database_url
         assert kit.sample(worker, outcomes, type="demo.fail", outcome="failed") == 1
 
 
+async def test_a_handlers_own_cancelled_error_is_a_failure_retried_by_its_rules(
+    database_url: str,
+) -> None:
+    # A CancelledError nobody asked for (the handler awaited a future cancelled elsewhere) was
+    # taken for an interruption: the task given back uncounted and run again at once, for ever.
+    key = uuid.uuid4().hex
+    async with kit.connect(database_url) as conn, kit.running_worker(database_url) as worker:
+        (task_id,) = await kit.submit(conn, "kit.self_cancel", [{"key": key}], max_attempts=2)
+        row = await kit.wait_task(conn, task_id)
+        assert row["status"] == "failed"
+        assert row["attempts"] == 2
+        assert "CancelledError" in row["last_error"]
+        assert kit.SELF_CANCEL_CALLS[key] == 2
+        outcomes = "taskfleet_task_outcomes_total"
+        assert kit.sample(worker, outcomes, type="kit.self_cancel", outcome="retried") == 1
+        assert kit.sample(worker, outcomes, type="kit.self_cancel", outcome="failed") == 1
+        assert kit.sample(worker, outcomes, type="kit.self_cancel", outcome="released") == 0
+
+
 async def test_a_task_past_its_timeout_is_interrupted_and_retried(database_url: str) -> None:
     # Short drain: a timeout that did not fire would leave a 30 s sleep running at the end.
     async with (

@@ -117,6 +117,24 @@ async def flaky(params: FlakyParams) -> dict[str, Any]:
     return {"calls": calls}
 
 
+#: kit.self_cancel calls per key.
+SELF_CANCEL_CALLS: Counter[str] = Counter()
+
+
+class SelfCancelParams(TaskParams):
+    key: str
+
+
+@test_tasks.task("kit.self_cancel", params=SelfCancelParams)
+async def self_cancel(params: SelfCancelParams) -> None:
+    """Raises CancelledError of its own: awaits a future someone else cancelled (a library's
+    task cancelled elsewhere, a gather whose child was cancelled). Nobody cancels the attempt."""
+    SELF_CANCEL_CALLS[params.key] += 1
+    inner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    inner.cancel()
+    await inner
+
+
 #: kit.count invocations per (key, i).
 INVOCATIONS: Counter[tuple[str, int]] = Counter()
 
