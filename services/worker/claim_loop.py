@@ -230,10 +230,13 @@ class ClaimLoop:
                 if self._named_lanes_only:
                     # A wake-up that named its lanes already made them claimable: trying the
                     # others again would cost a claim per pickup (strict first, then normal).
+                    # The others still get their poll: wake-ups naming one lane more often than
+                    # the poll interval must not keep due work in another (delayed tasks, retries
+                    # written elsewhere) waiting for ever.
                     self._named_lanes_only = False
                 else:
                     self._planner.reset_dry()
-                self._last_dry_reset = self._clock()
+                    self._last_dry_reset = self._clock()
                 continue
             generation = self._hint_generation
             self._work_hint.clear()

@@ -314,6 +314,46 @@ async def test_a_wake_up_naming_the_normal_lane_claims_its_task_in_one_round_tri
         assert kit.claim_queries(worker) == (claimed + 1, empty)
 
 
+async def test_wake_ups_naming_one_lane_do_not_keep_due_work_in_another_waiting(
+    database_url: str,
+) -> None:
+    """A delayed strict task becomes due without a notification: the poll finds it. Wake-ups
+    naming only the normal lane, arriving more often than the poll interval, used to put the
+    poll off each time, and the strict task waited for as long as they kept coming."""
+    async with (
+        kit.connect(database_url) as conn,
+        kit.connect(database_url) as stream_conn,
+        kit.running_worker(database_url, poll_interval=1.0),
+    ):
+        (strict_id,) = await kit.submit(
+            conn,
+            "demo.echo",
+            [{"value": "due later"}],
+            priority=5,
+            delay=0.5,
+            wake_hint=protocol.wake_hint(["strict"]),
+        )
+        done = asyncio.Event()
+
+        async def normal_wake_ups() -> None:
+            while not done.is_set():
+                await kit.submit(
+                    stream_conn,
+                    "demo.echo",
+                    [{"value": 1}],
+                    wake_hint=protocol.wake_hint(["normal"]),
+                )
+                await asyncio.sleep(0.2)
+
+        stream = asyncio.create_task(normal_wake_ups())
+        try:
+            row = await kit.wait_task(conn, strict_id, timeout=30.0)
+        finally:
+            done.set()
+            await stream
+        assert row["status"] == "completed"
+
+
 async def claim_statements(worker: Worker) -> list[asyncpg.Record]:
     """The claim statements prepared on ``worker``'s claim connection, with their plan counts."""
     claims = worker._claim_db
