@@ -499,7 +499,7 @@ label_limit_stats = _query(
                                    WHERE r.label = l.label), 0) AS in_flight,
            CASE WHEN l.rate_per_second IS NOT NULL THEN
                LEAST(GREATEST(l.rate_per_second, 1),
-                     l.tokens + l.rate_per_second * GREATEST(
+                     l.tokens + GREATEST(l.rate_per_second, 0.000001) * GREATEST(
                          CAST(EXTRACT(EPOCH FROM now() - l.refilled_at) AS float8), 0))
            END AS tokens
     FROM taskfleet.label_limits l
@@ -687,7 +687,7 @@ _LIMIT_HEAD = """
                                       WHERE r.label = l.label) >= l.max_in_flight AS full,
                CASE WHEN l.rate_per_second IS NOT NULL THEN
                    LEAST(GREATEST(l.rate_per_second, 1),
-                         l.tokens + l.rate_per_second * GREATEST(
+                         l.tokens + GREATEST(l.rate_per_second, 0.000001) * GREATEST(
                              CAST(EXTRACT(EPOCH FROM now() - l.refilled_at) AS float8), 0))
                END AS bucket
         FROM taskfleet.label_limits l
@@ -743,7 +743,7 @@ _LIMIT_MID = """
                    (SELECT count(*) FROM released WHERE released.label = lr.label) AS freed,
                    CASE WHEN lr.rate_per_second IS NOT NULL THEN
                        LEAST(GREATEST(lr.rate_per_second, 1),
-                             lr.tokens + lr.rate_per_second * GREATEST(
+                             lr.tokens + GREATEST(lr.rate_per_second, 0.000001) * GREATEST(
                                  CAST(EXTRACT(EPOCH FROM clock_timestamp() - lr.refilled_at)
                                       AS float8), 0))
                    END AS bucket
@@ -794,11 +794,13 @@ _LIMIT_TAIL = """
     ),
     -- When a limit held picks back: the seconds until a rate-limited label's next token (the
     -- worker asks again then instead of at its poll interval); a row another claim held, or a
-    -- room smaller than the picks: soon.
+    -- room smaller than the picks: soon. A rate is read as at least MIN_RATE_PER_SECOND
+    -- (policy/runtime_config.py) everywhere here: a smaller one stored by an older version
+    -- would overflow float8 and fail every claim.
     limit_wait AS (
         SELECT LEAST(
-                   (SELECT min((1 - h.bucket) / h.rate_per_second) FROM limit_hint h
-                    WHERE h.bucket < 1),
+                   (SELECT min((1 - h.bucket) / GREATEST(h.rate_per_second, 0.000001))
+                    FROM limit_hint h WHERE h.bucket < 1),
                    (SELECT 0.05 FROM over_limit LIMIT 1)
                ) AS seconds
     )

@@ -44,6 +44,10 @@ MAX_LABEL_LIMITS = 100
 MAX_PAUSED = 1000
 MAX_TYPE_LENGTH = 200
 MAX_RATE_PER_SECOND = 1_000_000.0
+#: One token in about 11.6 days. Smaller rates overflowed the claim's arithmetic (the seconds to
+#: the next token, 1 / rate, in float8): every claim failed, the config task's too, so not even a
+#: new config could undo it. The claim also reads any stored rate as at least this (queries.py).
+MIN_RATE_PER_SECOND = 0.000001
 #: The lanes that can be paused; the control lane (the config task itself) never can.
 PAUSABLE_LANES = ("normal", "strict")
 
@@ -275,12 +279,13 @@ def _check_label_limits(value: object, issues: list[ConfigIssue]) -> dict[str, L
             isinstance(rate, bool)
             or not isinstance(rate, (int, float))
             or not math.isfinite(rate)
-            or not 0 < rate <= MAX_RATE_PER_SECOND
+            or not MIN_RATE_PER_SECOND <= rate <= MAX_RATE_PER_SECOND
         ):
             issues.append(
                 ConfigIssue(
                     (*loc, "ratePerSecond"),
-                    f"must be a number greater than 0 and at most {MAX_RATE_PER_SECOND:g}",
+                    f"must be a number from {MIN_RATE_PER_SECOND:f} (one start in about "
+                    f"11.6 days) to {MAX_RATE_PER_SECOND:.0f}",
                 )
             )
             ok = False

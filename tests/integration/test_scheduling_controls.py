@@ -205,6 +205,34 @@ async def test_rate_per_second_bounds_the_starts_fleet_wide(database_url: str) -
     assert starts[-1] - starts[0] >= (n - burst - 1) / rate
 
 
+async def test_a_tiny_stored_rate_does_not_stop_the_claims(database_url: str) -> None:
+    """A rate below MIN_RATE_PER_SECOND is refused now, but an older version could store one
+    (1e-320): the seconds to its next token, 1 / rate, overflowed float8 and every claim failed,
+    the config task's too. The claim reads such a rate as the minimum."""
+    k = key()
+    async with (
+        kit.connect(database_url) as conn,
+        fleet(database_url, {"worker_id": "w-a", "concurrency": 4}) as workers,
+    ):
+        await apply_config(conn, workers, labelLimits={"tiny": {"ratePerSecond": 1.0}})
+        await conn.execute(
+            "UPDATE taskfleet.label_limits SET rate_per_second = 1e-320 WHERE label = 'tiny'"
+        )
+        limited = await kit.submit(
+            conn, "kit.count", [{"key": k, "i": i} for i in range(2)], labels=["tiny"]
+        )
+        (free,) = await kit.submit(conn, "kit.count", [{"key": k, "i": 9}])
+        assert (await kit.wait_task(conn, free))["status"] == "completed"
+        # The bucket's one token: one of the two limited tasks starts, the other waits.
+        await kit.wait_until(
+            lambda: kit.INVOCATIONS[(k, 0)] + kit.INVOCATIONS[(k, 1)] == 1, "one limited start"
+        )
+        (worker,) = workers
+        assert worker.claim_loop.problem() is None
+        rows = await kit.task_rows(conn, limited)
+        assert sorted(r["status"] for r in rows.values()) == ["completed", "pending"]
+
+
 async def test_a_limit_change_applies_without_a_restart(database_url: str) -> None:
     k = key()
     async with (

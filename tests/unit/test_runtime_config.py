@@ -571,7 +571,18 @@ def test_pauses_are_normalised_sorted_and_without_duplicates() -> None:
         (
             {"labelLimits": {"a": {"ratePerSecond": float("nan")}}},
             ("labelLimits", "a", "ratePerSecond"),
-            "greater than 0",
+            "from 0.000001",
+        ),
+        # 1 / rate overflowed the claim's float8 arithmetic: every claim failed.
+        (
+            {"labelLimits": {"a": {"ratePerSecond": 1e-320}}},
+            ("labelLimits", "a", "ratePerSecond"),
+            "from 0.000001",
+        ),
+        (
+            {"labelLimits": {"a": {"ratePerSecond": 0.0000009}}},
+            ("labelLimits", "a", "ratePerSecond"),
+            "to 1000000",
         ),
         (
             {"labelLimits": {f"l{i}": {"maxInFlight": 1} for i in range(101)}},
@@ -586,6 +597,12 @@ def test_every_control_rule_names_its_field(
     with pytest.raises(RuntimeConfigError) as info:
         normalise_runtime_config(params)
     assert any(i.loc == loc and rule in i.msg for i in info.value.issues), info.value.issues
+
+
+def test_the_smallest_and_largest_rates_are_accepted() -> None:
+    for rate in (0.000001, 1_000_000):
+        config = normalise_runtime_config({"labelLimits": {"a": {"ratePerSecond": rate}}})
+        assert config.to_payload()["labelLimits"] == {"a": {"ratePerSecond": float(rate)}}
 
 
 def test_label_limits_round_trip_and_a_patch_keeps_what_it_does_not_name() -> None:
