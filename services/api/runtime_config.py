@@ -100,6 +100,13 @@ def _normalise(body: Mapping[str, Any], **kwargs: Any) -> RuntimeConfig:
         ) from None
 
 
+def _first_issue(exc: RuntimeConfigError) -> str:
+    if not exc.issues:
+        return str(exc)
+    issue = exc.issues[0]
+    return f"{'.'.join(str(part) for part in issue.loc)}: {issue.msg}"
+
+
 async def _change_config(
     request: Request,
     database: Database,
@@ -213,7 +220,10 @@ _CHANGE_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     202: {"description": "?wait=false: enqueued; follow the Location."},
     406: {"description": "The Accept header allows none of the offered types."},
-    409: {"description": "The requestID was already used for a different config."},
+    409: {
+        "description": "The requestID was already used for a different config; or (PATCH) the "
+        "latest version breaks a rule, so there is nothing to merge into."
+    },
     422: {"description": "A rule of the runtime config is broken; nothing was enqueued."},
     413: {"description": "The body is larger than 1 MiB."},
 }
@@ -279,7 +289,22 @@ async def patch_runtime_config(
             body, default_max_strict_percentage=settings.default_max_strict_percentage
         )
     else:
-        config = _normalise(body, base=config_from_payload(latest["payload"]))
+        try:
+            base = config_from_payload(latest["payload"])
+        except RuntimeConfigError as exc:
+            # Stored by an older version under looser rules: nothing to merge into.
+            raise ApiError(
+                status.HTTP_409_CONFLICT,
+                [
+                    error_item(
+                        ("body",),
+                        f"the latest config version ({latest['version']}) breaks a rule "
+                        f"({_first_issue(exc)}): PUT a whole config instead of a PATCH",
+                        "conflict",
+                    )
+                ],
+            ) from None
+        config = _normalise(body, base=base)
     return await _change_config(
         request,
         database,

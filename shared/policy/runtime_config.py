@@ -162,6 +162,10 @@ def parse_duration(value: object) -> float:
         raise ValueError('must be a duration such as "1s" or "500ms"')
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError("must be greater than 0")
+    if round(seconds * 1_000_000_000) < 1:
+        # Kept to the nanosecond (format_duration): less would be stored as "0s", which these
+        # same rules refuse when the version is read back.
+        raise ValueError("must be at least 1ns")
     if seconds > 3600:
         raise ValueError("must be at most 1h")
     return seconds

@@ -541,6 +541,13 @@ INVALID_BODIES: list[tuple[Any, list[Any]]] = [
     ({"labelLimits": {"a": {"maxInFlight": 0}}}, ["body", "labelLimits", "a", "maxInFlight"]),
     ({"labelLimits": {"a": {"maxInFlight": 1.5}}}, ["body", "labelLimits", "a", "maxInFlight"]),
     ({"labelLimits": {"a": {"ratePerSecond": 0}}}, ["body", "labelLimits", "a", "ratePerSecond"]),
+    (
+        {"labelLimits": {"a": {"ratePerSecond": 1e-320}}},
+        ["body", "labelLimits", "a", "ratePerSecond"],
+    ),
+    # Under a nanosecond: it would be stored as "0s", which the same rules refuse later.
+    ({"notifyInterval": "0.0000000001s"}, ["body", "notifyInterval"]),
+    ({"listenTimeout": 1e-300}, ["body", "listenTimeout"]),
     ({"labelLimits": {"a": {"ratePerSecond": "4"}}}, ["body", "labelLimits", "a", "ratePerSecond"]),
     ({"labelLimits": {"a": {"rate": 4}}}, ["body", "labelLimits", "a", "rate"]),
     ({"labelLimits": {"": {"maxInFlight": 1}}}, ["body", "labelLimits", ""]),
@@ -611,6 +618,23 @@ async def test_every_validation_rule_is_a_422_naming_the_field_and_nothing_is_en
     assert failures == []
     assert await update_task_count(conn) == 0
     assert await conn.fetchval("SELECT count(*) FROM taskfleet.worker_runtime_configs") == 0
+
+
+async def test_a_patch_over_a_latest_version_that_breaks_a_rule_is_a_409(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    # Stored by an older version under looser rules (a "0s" interval): nothing to merge into.
+    # It answered 500.
+    await conn.execute(
+        "INSERT INTO taskfleet.worker_runtime_configs (request_id, payload)"
+        " VALUES ('old-rules', $1::jsonb)",
+        json.dumps({"requestID": "old-rules", "notifyInterval": "0s"}),
+    )
+    response = await client.patch("/runtime-config", json={"maxStrictPercentage": 50})
+    assert response.status_code == 409, response.text
+    (item,) = response.json()["detail"]
+    assert "notifyInterval" in item["msg"] and "PUT a whole config" in item["msg"]
+    assert await update_task_count(conn) == 0
 
 
 async def test_an_accept_header_with_no_offered_type_is_a_406_before_anything_is_enqueued(

@@ -232,6 +232,14 @@ def test_non_positive_or_non_finite_numbers_are_rejected(seconds: float) -> None
         parse_duration(seconds)
 
 
+@pytest.mark.parametrize("tiny", ["0.0000000001s", "0.4ns", 1e-10, 1e-300])
+def test_a_duration_under_a_nanosecond_is_rejected_not_stored_as_0s(tiny: object) -> None:
+    with pytest.raises(ValueError, match="at least 1ns"):
+        parse_duration(tiny)
+    assert parse_duration("1ns") == pytest.approx(1e-9)
+    assert format_duration(parse_duration("1ns")) == "1ns"
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"), [(1.0, "1s"), (0.25, "250ms"), (90.0, "90s"), (1.5, "1500ms")]
 )
