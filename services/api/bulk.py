@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import sqlalchemy.exc
 from fastapi import APIRouter, Depends
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from taskfleet.api.auth import require_role
@@ -61,7 +70,19 @@ def _time_text(value: Any) -> Any:
     return value
 
 
-TimeText = Annotated[AwareDatetime, BeforeValidator(_time_text)]
+def _storable_time(value: datetime) -> datetime:
+    # Its offset can carry a time of year 1 or 9999 outside Python's range once it is in UTC,
+    # which is how it is sent to Postgres (it answered 500).
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise PydanticCustomError(
+            "out_of_range", "must be between the years 1 and 9999 once in UTC"
+        ) from None
+    return value
+
+
+TimeText = Annotated[AwareDatetime, BeforeValidator(_time_text), AfterValidator(_storable_time)]
 
 
 class TaskFilter(BaseModel):

@@ -292,6 +292,17 @@ REFUSALS: dict[str, tuple[str, dict[str, Any], list[Any]]] = {
     "naive time": ("retry", {"created_before": "2026-01-01T00:00:00"}, ["body", "created_before"]),
     "not a time": ("retry", {"created_after": "yesterday"}, ["body", "created_after"]),
     "time as a number": ("retry", {"created_after": 0}, ["body", "created_after"]),
+    # Years 1 and 9999 whose offset takes them out of range in UTC (each answered 500).
+    "year 0 in UTC": (
+        "cancel",
+        {"created_before": "0001-01-01T00:00:00+14:00"},
+        ["body", "created_before"],
+    ),
+    "year 10000 in UTC": (
+        "retry",
+        {"created_after": "9999-12-31T23:59:59-14:00"},
+        ["body", "created_after"],
+    ),
     "empty window": (
         "retry",
         {"created_after": "2026-01-02T00:00:00Z", "created_before": "2026-01-01T00:00:00Z"},
