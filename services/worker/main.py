@@ -61,19 +61,21 @@ def run_worker_process(settings: WorkerSettings) -> int:
     configure_logging(settings.log_level, settings.log_format)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         worker = runner.run(serve_worker(settings))
-    if worker.handler_threads_running:
-        # Blocking handlers still in their threads (past the drain timeout): their tasks were
-        # not given back, so they must stop now, with the process; the interpreter would
-        # otherwise wait for them at exit. Their leases expire and the sweep rescues them.
-        log.warning(
-            "exiting with %d handler thread(s) still running; their tasks are rescued when "
-            "their leases expire",
-            worker.handler_threads_running,
-        )
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(worker.exit_code)
+        if worker.handler_threads_running or worker.attempts_abandoned:
+            # Handlers still running past the drain: blocking ones in their threads, async ones
+            # that ignored every cancel. Their tasks were not given back, so they must stop now,
+            # with the process: the interpreter would wait for the threads at exit, and closing
+            # the loop would wait for the coroutines (it cancels and awaits every task left).
+            # Their leases expire and the sweep rescues them.
+            log.warning(
+                "exiting with %d handler(s) still running; their tasks are rescued when their "
+                "leases expire",
+                worker.handler_threads_running + worker.attempts_abandoned,
+            )
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(worker.exit_code)
     return worker.exit_code
 
 

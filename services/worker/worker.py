@@ -59,7 +59,7 @@ from taskfleet.worker.pruner import Pruner
 from taskfleet.worker.readiness import ReadinessInputs, not_ready_reasons
 from taskfleet.worker.scheduler import Scheduler
 from taskfleet.worker.slots import Slots
-from taskfleet.worker.stopping import stop_tasks
+from taskfleet.worker.stopping import RECANCEL_SECONDS, stop_tasks
 
 log = logging.getLogger("taskfleet.worker")
 
@@ -70,6 +70,9 @@ EXIT_DUPLICATE_ID = 2
 EXIT_BAD_SETTING = 2
 #: How often a worker waiting for a usable schema at start-up looks again (seconds).
 SCHEMA_RECHECK_SECONDS = 2.0
+#: After the drain timeout interrupted the attempts still running: how long they are given to end
+#: (cancelled again every RECANCEL_SECONDS) before one that ignores its cancel is left behind.
+INTERRUPTED_GRACE = 5.0
 
 
 class Worker:
@@ -103,6 +106,8 @@ class Worker:
         #: The process's exit code once run() returns: 0, or 2 when the worker id was taken or
         #: the database refused the connection's settings (a pooler, see db.pooler_refusal).
         self.exit_code = 0
+        #: Attempts still running at exit because their handler ignored every cancel.
+        self.attempts_abandoned = 0
         #: The schema revision this code was written for, and why the database's is not usable
         #: (None while it is).
         self.expected_revision = head_revision()
@@ -477,7 +482,7 @@ class Worker:
             unfinished = self.executor.interrupt_all()
             if unfinished:
                 log.warning("drain timeout: returning %d task(s) to pending", unfinished)
-            await all_done
+            await self._await_interrupted(all_done)
         # Write every outcome (retrying through database blips, bounded).
         deadline = self.clock() + max(5.0, self.settings.drain_timeout)
         while self.outcomes.busy and self.clock() < deadline:
@@ -496,6 +501,40 @@ class Worker:
         await self._close()
         self.status = "stopped"
         log.info("worker %s stopped", self.id)
+
+    async def _await_interrupted(self, all_done: asyncio.Future[Any]) -> None:
+        """Wait for the attempts just interrupted to end, cancelling again those that have not
+        (a cancel can be lost), for at most INTERRUPTED_GRACE seconds or until a second stop
+        request. A handler that swallows every cancel is left running: its attempt writes no
+        outcome, the process exits without waiting for it (run_worker_process), and its lease
+        expires then, so the sweep returns the task to the queue, as for a blocking handler
+        whose thread outlives the drain."""
+        deadline = self.clock() + INTERRUPTED_GRACE
+        while not all_done.done() and not self._force_stop.is_set():
+            left = deadline - self.clock()
+            if left <= 0:
+                break
+            force = asyncio.create_task(self._force_stop.wait())
+            await asyncio.wait(
+                [all_done, force],
+                timeout=min(RECANCEL_SECONDS, left),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            force.cancel()
+            for running in self.slots.all():
+                if running.task is not None and not running.task.done() and running.started:
+                    running.task.cancel()
+        stuck = [r for r in self.slots.all() if r.task is not None and not r.task.done()]
+        self.attempts_abandoned = len(stuck)
+        if stuck:
+            log.error(
+                "%d task(s) ignore their cancel (%s): left running; their leases expire when "
+                "this process exits and the sweep returns them to the queue",
+                len(stuck),
+                ", ".join(str(r.id) for r in stuck[:10]),
+            )
+        else:
+            await all_done
 
     def _keep(self, task: asyncio.Task[None]) -> None:
         self._background.add(task)

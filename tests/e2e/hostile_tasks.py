@@ -7,6 +7,7 @@ a blocking handler waits on something the test controls (a barrier, a file) with
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import threading
@@ -89,4 +90,21 @@ def block_file(params: BlockFileParams) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{params.path} did not appear")
         time.sleep(0.01)
+    return {"pid": os.getpid()}
+
+
+@task("hostile.deaf_async", params=BlockFileParams)
+async def deaf_async(params: BlockFileParams) -> dict[str, Any]:
+    """An async handler that swallows every cancel (a retry-on-anything loop around its step),
+    until a file appears."""
+    if params.started:
+        Path(params.started).write_text(str(os.getpid()))  # noqa: ASYNC240 - tiny, local
+    deadline = time.monotonic() + params.timeout
+    while not Path(params.path).exists():  # noqa: ASYNC240
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{params.path} did not appear")
+        try:
+            await asyncio.sleep(0.01)
+        except BaseException:  # the hostile part: deaf to its cancel
+            pass
     return {"pid": os.getpid()}

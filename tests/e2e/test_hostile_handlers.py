@@ -145,5 +145,43 @@ async def test_sigterm_with_a_blocking_handler_exits_and_does_not_give_the_task_
             await conn.close()
 
 
+async def test_sigterm_with_an_async_handler_deaf_to_its_cancel_exits_and_keeps_the_task(
+    database_url: str, tmp_path: Path
+) -> None:
+    # The drain interrupted it, then waited for it with no bound: the process never exited,
+    # not even on a second SIGTERM, and the task stayed running on a worker that was gone.
+    started, release = tmp_path / "started", tmp_path / "release"
+    env = {**HOSTILE_MODULE_ENV, "TASKFLEET_DRAIN_TIMEOUT": "1"}
+    async with Fleet(database_url, env=env) as fleet:
+        await fleet.start_api()
+        w1 = await fleet.start_worker("w1", concurrency=2)
+        conn = await fleet.connect()
+        try:
+            async with fleet.client() as client:
+                task_id = await _submit(
+                    client,
+                    {
+                        "type": "hostile.deaf_async",
+                        "payload": {"path": str(release), "started": str(started)},
+                        "max_attempts": 3,
+                    },
+                )
+            await eventually(lambda: _exists(started), timeout=30)
+            w1.signal(signal.SIGTERM)
+            # The process exits (the handler's coroutine ends with it) ...
+            assert await asyncio.to_thread(w1.wait, 60) == 0, w1.log()[-3000:]
+            # ... without giving back a task whose code was still running.
+            row = (await task_rows(conn, [task_id]))[task_id]
+            assert (row["status"], row["worker_id"]) == ("running", "w1"), row
+            assert "ignore their cancel" in w1.log()
+            # Once its lease expires it is rescued and runs again elsewhere.
+            release.write_text("go")
+            await fleet.start_worker("w2", concurrency=2)
+            done = (await wait_tasks_terminal(conn, [task_id], timeout=60))[task_id]
+            assert (done["status"], done["worker_id"], done["attempts"]) == ("completed", "w2", 2)
+        finally:
+            await conn.close()
+
+
 async def _exists(path: Path) -> bool:
     return await asyncio.to_thread(path.exists)
