@@ -911,7 +911,7 @@ def _claim_sql(*, limited: bool, probes: bool = True) -> str:
     finished AS (
         UPDATE taskfleet.tasks t
         {_FINISH_SET}
-        RETURNING t.id, t.status
+        RETURNING t.id, t.status, t.attempts AS attempt
     ),
 {limit_head}
     -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
@@ -993,6 +993,9 @@ def _claim_sql(*, limited: bool, probes: bool = True) -> str:
            -- The status each was given (the outcome counters count what was written).
            ARRAY(SELECT finished.status FROM finished ORDER BY finished.id)
                AS finished_statuses,
+           -- And for which attempt (the same task can be written for one of two).
+           ARRAY(SELECT finished.attempt FROM finished ORDER BY finished.id)
+               AS finished_attempts,
            {contended},
            CAST(limit_wait.seconds AS float8) AS limit_wait_seconds,
            NOT (SELECT limits_off.ok FROM limits_off) AS limits_active,
@@ -1011,10 +1014,11 @@ task_claim_limited = _query("task_claim_limited", _claim_sql(limited=True))
 task_finish_batch = _query(
     "task_finish_batch",
     f"""
-    -- Several outcomes in one statement.
+    -- Several outcomes in one statement. Each row written says for which attempt (the same
+    -- task can be here twice: an attempt whose lease was lost, and the next one).
     UPDATE taskfleet.tasks t
     {_FINISH_SET}
-    RETURNING t.id, t.status
+    RETURNING t.id, t.status, t.attempts AS attempt
     """,
 )
 
@@ -1039,9 +1043,9 @@ task_release = _query(
         WHERE t.id = r.id AND t.id = ANY(CAST(:ids AS bigint[]))
           AND t.worker_id = CAST(:worker_id AS text) AND t.status = 'running'
           AND t.attempts = r.attempt
-        RETURNING t.id, t.status
+        RETURNING t.id, t.status, r.attempt
     )
-    SELECT released.id, released.status FROM released
+    SELECT released.id, released.status, released.attempt FROM released
     CROSS JOIN (SELECT pg_notify('{TASK_READY_CHANNEL}', '')) AS wake
     """,
 )

@@ -293,7 +293,13 @@ class ClaimLoop:
             self._failing = False
             if outcomes:
                 written = (
-                    dict(zip(rows[0]["finished_ids"], rows[0]["finished_statuses"], strict=True))
+                    dict(
+                        zip(
+                            zip(rows[0]["finished_ids"], rows[0]["finished_attempts"], strict=True),
+                            rows[0]["finished_statuses"],
+                            strict=True,
+                        )
+                    )
                     if rows
                     else {}
                 )

@@ -251,7 +251,7 @@ class OutcomeWriter:
             rows = await self._db.fetch(
                 queries.task_finish_batch, **finish_params(finished), worker_id=self._worker_id
             )
-            settle(finished, {r["id"]: r["status"] for r in rows}, self._metrics)
+            settle(finished, {(r["id"], r["attempt"]): r["status"] for r in rows}, self._metrics)
             if any(o.status == TaskStatus.PENDING.value for o in finished):
                 self._on_retry_written()
         if released:
@@ -262,7 +262,7 @@ class OutcomeWriter:
                 worker_id=self._worker_id,
                 reason="interrupted by worker shutdown; returned to pending",
             )
-            settle(released, {r["id"]: r["status"] for r in rows}, self._metrics)
+            settle(released, {(r["id"], r["attempt"]): r["status"] for r in rows}, self._metrics)
 
 
 def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
@@ -279,14 +279,18 @@ def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
     )
 
 
-def settle(written: list[Outcome], statuses: dict[int, str], metrics: WorkerMetrics) -> None:
+def settle(
+    written: list[Outcome], statuses: dict[tuple[int, int], str], metrics: WorkerMetrics
+) -> None:
     """After a statement wrote outcomes: count each one the database accepted (``statuses``:
-    the status it wrote, by task id), once, as what was written, and log the ones it did not
-    write (the lease had moved on)."""
+    the status it wrote, by task id and attempt), once, as what was written, and log the ones it
+    did not write (the lease had moved on). By attempt: one statement can carry the outcomes of
+    two attempts of one task (this worker lost the first's lease and claimed the next), and only
+    the current one is written."""
     counted: Counter[tuple[str, str]] = Counter()
     accepted: list[Outcome] = []
     for outcome in written:
-        status = statuses.get(outcome.id)
+        status = statuses.get((outcome.id, outcome.attempt))
         if status is not None:
             counted[(outcome.type, outcome.label(status))] += 1
             accepted.append(outcome)
