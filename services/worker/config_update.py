@@ -204,8 +204,6 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
                         decision.kind,
                         ", ".join(f"{e.id} ({e.reason})" for e in decision.excluded),
                     )
-                # The change is decided: this worker rolls nothing out any more.
-                metrics.lagging_workers.set(0)
                 return ControlResult(result_of(decision), _record(metrics, decision))
             now = time.monotonic()
             if now - last_notify >= config.notify_interval:
@@ -222,6 +220,9 @@ async def run_config_update(writer: ConfigWriter, task_id: int, payload: Any) ->
                 async with asyncio.timeout(wait):
                     await acked.wait()
     finally:
+        # Decided, failed or interrupted: this worker rolls nothing out any more (a gauge left
+        # at the last count would report lagging workers until its next config change).
+        metrics.lagging_workers.set(0)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), 5)
         if not conn.is_closed():

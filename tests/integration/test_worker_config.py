@@ -324,6 +324,27 @@ async def test_an_update_waiting_on_a_lagging_worker_is_superseded_by_a_newer_ve
             await kit.wait_until(lambda: worker.applied_version == newer, "the newer applied")
 
 
+async def test_an_update_ended_before_its_decision_leaves_no_lagging_workers_reported(
+    database_url: str,
+) -> None:
+    # The gauge was reset only when a decision was reached: an update interrupted while it
+    # waited on a laggard left this worker reporting one lagging worker until its next update.
+    acks = kit.Ack()
+    lagging = "anclax_runtime_config_lagging_workers"
+    async with kit.connect(database_url) as conn:
+        await _fake_worker(conn, "laggard", alive=True)
+        async with kit.running_worker(database_url) as worker:
+            await conn.add_listener(protocol.CONFIG_ACK_CHANNEL, acks.listener)
+            task_id = await kit.submit_config_task(
+                conn, {"requestID": "r-cut", "notifyInterval": "100ms", "listenTimeout": "50ms"}
+            )
+            await kit.wait_until(lambda: kit.sample(worker, lagging) == 1, "one lagging worker")
+            worker.executor.cancel(task_id, "user")  # as a shutdown's interrupt would
+            row = await kit.wait_task(conn, task_id)
+            assert row["status"] == "cancelled", row
+            assert kit.sample(worker, lagging) == 0
+
+
 async def test_a_retried_update_request_writes_one_version(database_url: str) -> None:
     async with (
         kit.connect(database_url) as conn,
