@@ -118,16 +118,19 @@ class ScheduleSubmission:
 
 def check_schedule_name(name: str, loc: Loc) -> None:
     """:class:`Rejected` (422) unless ``name`` is 1-200 characters of storable text without a
-    slash, a control character or U+FFFD."""
+    slash, a control character (C0, DEL or C1) or U+FFFD, and not "." or ".."."""
     problem: str | None = None
     if not 1 <= len(name) <= MAX_SCHEDULE_NAME_LENGTH:
         problem = f"must be 1 to {MAX_SCHEDULE_NAME_LENGTH} characters"
     elif "\x00" in name:
         problem = "must not contain NUL characters"
-    elif any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    elif any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
         problem = "must not contain control characters"
     elif "/" in name:
         problem = "must not contain a slash"
+    elif name in (".", ".."):
+        # A path segment every HTTP client normalises away: the schedule could not be addressed.
+        problem = 'must not be "." or ".."'
     elif "\ufffd" in name:
         # What a URL's invalid UTF-8 (an encoded surrogate, say) decodes to.
         problem = "must be valid UTF-8 text (U+FFFD, the replacement character, is refused)"

@@ -35,6 +35,7 @@ from taskfleet.api.routing import read_body
 from taskfleet.shared import queries
 from taskfleet.shared.policy.lanes import Lane
 from taskfleet.shared.policy.runtime_config import (
+    MAX_REQUEST_ID_LENGTH,
     RuntimeConfig,
     RuntimeConfigError,
     config_from_payload,
@@ -386,6 +387,7 @@ def _not_found(request_id: str) -> ApiError:
             "content": {JSON: {}, NDJSON: {}, JSONL: {}, SSE: {}},
         },
         404: {"description": "No task and no version has this request id."},
+        422: {"description": "The request id is not storable text, or longer than 200."},
         **_COMMON_RESPONSES,
     },
 )
@@ -402,6 +404,18 @@ async def get_runtime_config_request(
         raise ApiError(
             status.HTTP_422_UNPROCESSABLE_CONTENT,
             [error_item(("path", "request_id"), f"must not contain {problem}", "invalid_text")],
+        )
+    if len(request_id) > MAX_REQUEST_ID_LENGTH:
+        # No request can have it; and the 404's message would echo all of it back.
+        raise ApiError(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            [
+                error_item(
+                    ("path", "request_id"),
+                    f"must be at most {MAX_REQUEST_ID_LENGTH} characters",
+                    "string_too_long",
+                )
+            ],
         )
     snapshot = await read_snapshot(database, request_id, None)
     if snapshot.task is None and snapshot.version is None:

@@ -495,6 +495,11 @@ async def test_wait_false_answers_202_then_status_and_watch_reattach(
     unknown = await client.get("/runtime-config/requests/nope")
     assert unknown.status_code == 404
     assert unknown.json()["detail"][0]["loc"] == ["path", "request_id"]
+    # Longer than any request id can be: refused, not echoed back in a 404 (it was, all of it).
+    too_long = await client.get("/runtime-config/requests/" + "x" * 60_000)
+    assert too_long.status_code == 422
+    assert too_long.json()["detail"][0]["loc"] == ["path", "request_id"]
+    assert len(too_long.text) < 1000
     assert (await client.get("/runtime-config/requests/nope?watch=true")).status_code == 404
 
 
