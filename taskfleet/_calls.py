@@ -4,6 +4,7 @@ is read. :mod:`taskfleet.client` sends them, blocking or async, with the same ru
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +24,23 @@ READ_SLACK = 30.0
 #: Longest single ``GET /tasks/{id}/wait``; a longer wait is several calls, so the client never
 #: depends on how long the server lets one call block.
 WAIT_CHUNK = 60.0
+#: After the server answered a wait before the time it was asked to wait (it is shutting down,
+#: say): the pause before asking again, so a client never asks in a tight loop.
+EARLY_ANSWER_PAUSE = 0.5
+
+
+def pause_before_asking_again(sent: float, asked: float, deadline: float) -> float | None:
+    """After a wait answered with an unfinished task: how long to pause before asking again
+    (0 when the server waited as asked), or None when the caller's deadline has passed.
+    Monotonic clock times."""
+    now = time.monotonic()
+    if now >= deadline:
+        return None
+    if now - sent >= asked:
+        return 0.0
+    return min(EARLY_ANSWER_PAUSE, deadline - now)
+
+
 #: Retries of a retryable call, after the first try.
 RETRIES = 3
 BACKOFF_FIRST = 0.25

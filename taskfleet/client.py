@@ -176,14 +176,14 @@ class Client:
         :class:`~taskfleet.errors.WaitTimeout` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
-            remaining = max(0.0, deadline - time.monotonic())
-            task = Task.model_validate(
-                self._send(_calls.wait(id, min(remaining, _calls.WAIT_CHUNK)))
-            )
+            asked = min(max(0.0, deadline - time.monotonic()), _calls.WAIT_CHUNK)
+            sent = time.monotonic()
+            task = Task.model_validate(self._send(_calls.wait(id, asked)))
             if task.finished:
                 return task
-            if remaining <= _calls.WAIT_CHUNK:
+            if (pause := _calls.pause_before_asking_again(sent, asked, deadline)) is None:
                 raise WaitTimeout(task, timeout)
+            time.sleep(pause)
 
     def cancel(self, id: int) -> Task:
         """Cancel a task: a pending one at once, a running one when its worker next heartbeats.
@@ -395,14 +395,14 @@ class AsyncClient:
         """See :meth:`Client.wait`."""
         deadline = time.monotonic() + timeout
         while True:
-            remaining = max(0.0, deadline - time.monotonic())
-            task = Task.model_validate(
-                await self._send(_calls.wait(id, min(remaining, _calls.WAIT_CHUNK)))
-            )
+            asked = min(max(0.0, deadline - time.monotonic()), _calls.WAIT_CHUNK)
+            sent = time.monotonic()
+            task = Task.model_validate(await self._send(_calls.wait(id, asked)))
             if task.finished:
                 return task
-            if remaining <= _calls.WAIT_CHUNK:
+            if (pause := _calls.pause_before_asking_again(sent, asked, deadline)) is None:
                 raise WaitTimeout(task, timeout)
+            await asyncio.sleep(pause)
 
     async def cancel(self, id: int) -> Task:
         """See :meth:`Client.cancel`."""

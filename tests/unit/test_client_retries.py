@@ -4,6 +4,7 @@ calls are retried on a 503 or a dropped connection, and how a config stream re-a
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -190,3 +191,26 @@ def test_unknown_config_fields_are_refused_before_sending() -> None:
     with pytest.raises(TypeError, match="max_strict"):
         script.client().change_config(max_strict=5)
     assert script.requests == []
+
+
+def test_a_wait_answered_early_asks_again_until_its_own_deadline() -> None:
+    # An API shutting down answers /wait at once with the task unfinished. The client gave up
+    # then (saying it had waited the whole time), or, with more than a minute left, asked again
+    # in a tight loop (about 150,000 requests in 30 s against a scripted server).
+    finished = {**TASK, "status": "completed", "finished_at": "2026-01-01T00:00:01+00:00"}
+    script = Script(httpx.Response(200, json=TASK), httpx.Response(200, json=finished))
+    assert script.client().wait(7, timeout=30).status == "completed"
+    assert len(script.requests) == 2
+
+
+def test_the_pause_after_an_early_answer_is_short_and_bounded_by_the_deadline() -> None:
+    now = time.monotonic()
+    # Answered before the 30 s asked for: pause, at most EARLY_ANSWER_PAUSE.
+    assert _calls.pause_before_asking_again(now, 30.0, now + 60) == _calls.EARLY_ANSWER_PAUSE
+    # Waited as asked: ask again at once.
+    assert _calls.pause_before_asking_again(now - 31, 30.0, now + 60) == 0.0
+    # The caller's deadline passed: give up.
+    assert _calls.pause_before_asking_again(now - 1, 30.0, now - 0.001) is None
+    # Never past the deadline.
+    pause = _calls.pause_before_asking_again(now, 30.0, now + 0.1)
+    assert pause is not None and pause <= 0.1
