@@ -123,7 +123,11 @@ _UNIQUE_KEY_CONFLICT = """
 
 
 def _run_after(run_at: str, delay: str) -> str:
-    return f"COALESCE({run_at}, now() + make_interval(secs => COALESCE({delay}, 0)))"
+    # A delay counts from the inserting statement, not from its transaction's start (now()): an
+    # application that enqueues late in a long transaction gets the delay it asked for.
+    return (
+        f"COALESCE({run_at}, statement_timestamp() + make_interval(secs => COALESCE({delay}, 0)))"
+    )
 
 
 _WAKE = f"wake AS (SELECT pg_notify('{TASK_READY_CHANNEL}', CAST(:wake_hint AS text)) AS sent)"
