@@ -3,6 +3,7 @@ is read. :mod:`taskfleet.client` sends them, blocking or async, with the same ru
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Iterable, Mapping
@@ -85,7 +86,17 @@ def format_seconds(seconds: float) -> str:
 
 
 def http_timeout(read: float) -> httpx.Timeout:
+    """The client's timeouts; ``ValueError`` unless ``read`` is a finite number > 0."""
+    if isinstance(read, bool) or not isinstance(read, (int, float)) or not 0 < read < math.inf:
+        raise ValueError(f"timeout must be a number of seconds greater than 0, got {read!r}")
     return httpx.Timeout(CONNECT_TIMEOUT, read=read)
+
+
+def check_retries(retries: int) -> int:
+    """``retries`` as given; ``ValueError`` unless it is an integer >= 0."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer 0 or more, got {retries!r}")
+    return retries
 
 
 def retry_delay(attempt: int) -> float:

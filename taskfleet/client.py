@@ -88,7 +88,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._timeout = _calls.http_timeout(timeout)
-        self._retries = retries
+        self._retries = _calls.check_retries(retries)
         self._http = httpx.Client(
             base_url=_check_base_url(base_url),
             headers=_headers(token),
@@ -314,7 +314,7 @@ class AsyncClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._timeout = _calls.http_timeout(timeout)
-        self._retries = retries
+        self._retries = _calls.check_retries(retries)
         self._http = httpx.AsyncClient(
             base_url=_check_base_url(base_url),
             headers=_headers(token),

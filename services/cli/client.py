@@ -15,6 +15,7 @@ outcome by :func:`fold_config_events`, pure, so the protocol handling is tested 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -275,10 +276,15 @@ class LiveConfigDisplay:
 # Option parsing: bad input is a usage error (exit 2) naming the option; no request is sent.
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def parse_payload(text: str) -> dict[str, Any]:
     """The ``--payload`` JSON object. Raises ``ValueError`` saying what is wrong."""
     try:
-        value = json.loads(text)
+        # NaN and Infinity are Python's extension of JSON: the API refuses them, so here too.
+        value = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
     if not isinstance(value, dict):
@@ -349,10 +355,34 @@ def _format_seconds(seconds: float) -> str:
     return f"{round(seconds, 3):g}"
 
 
+def check_seconds(option: str, value: float | None, *, zero: bool = False) -> None:
+    """A usage error unless ``value`` (when given) is a finite number of seconds, > 0 (or >= 0
+    with ``zero``)."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        _usage_error(option, "must be a finite number of seconds")
+    if zero and value < 0:
+        _usage_error(option, "must be 0 or more seconds")
+    if not zero and not value > 0:
+        _usage_error(option, "must be greater than 0 seconds")
+
+
 def _check_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         _usage_error("--url", f"{url!r} must be an http:// or https:// URL (TASKFLEET_URL)")
+    try:
+        httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        _usage_error("--url", f"{url!r} is not a valid URL: {exc} (TASKFLEET_URL)")
     return url
+
+
+def _check_token(token: str | None) -> str | None:
+    if token is not None and not token.isascii():
+        # It travels in an HTTP header: ASCII only.
+        _usage_error("--token", "must be ASCII text (TASKFLEET_TOKEN)")
+    return token
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,7 +414,7 @@ def _api_message(exc: ApiError) -> str:
 
 
 def _client(url: str, token: str | None) -> Client:
-    return Client(_check_url(url), token=token)
+    return Client(_check_url(url), token=_check_token(token))
 
 
 def _fail(message: str) -> NoReturn:
@@ -477,10 +507,9 @@ def submit(
         body = parse_payload(payload)
     except ValueError as exc:
         _usage_error("--payload", str(exc))
-    if timeout is not None and not timeout > 0:
-        _usage_error("--timeout", "must be greater than 0 seconds")
-    if not wait_timeout > 0:
-        _usage_error("--wait-timeout", "must be greater than 0 seconds")
+    check_seconds("--timeout", timeout)
+    check_seconds("--wait-timeout", wait_timeout)
+    check_seconds("--delay", delay, zero=True)
     optional: dict[str, Any] = {
         "priority": priority,
         "weight": weight,
@@ -617,8 +646,7 @@ def config_set(
         _usage_error("--resume-all", "not together with --pause-label, --pause-type, --pause-lane")
     if clear_limits and limit:
         _usage_error("--clear-limits", "not together with --limit")
-    if not timeout > 0:
-        _usage_error("--timeout", "must be greater than 0 seconds")
+    check_seconds("--timeout", timeout)
     fields: dict[str, Any] = {
         "max_strict_percentage": max_strict_percentage,
         "default_weight": default_weight,

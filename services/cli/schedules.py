@@ -24,6 +24,7 @@ from taskfleet.cli.client import (
     _client,
     _ReportApiErrors,
     _usage_error,
+    check_seconds,
     parse_payload,
 )
 from taskfleet.cli.main import app
@@ -35,8 +36,21 @@ schedules_app = typer.Typer(
 )
 app.add_typer(schedules_app, name="schedules")
 
+
+def _check_name(name: str) -> str:
+    # The API's rule, checked here: a slash would be decoded into the path and answered 404.
+    if "/" in name:
+        raise typer.BadParameter("must not contain a slash", param_hint="'NAME'")
+    return name
+
+
 NameArgument = Annotated[
-    str, typer.Argument(metavar="NAME", help="The schedule's name, for example report.daily.")
+    str,
+    typer.Argument(
+        metavar="NAME",
+        help="The schedule's name, for example report.daily.",
+        callback=_check_name,
+    ),
 ]
 
 
@@ -129,6 +143,7 @@ def schedule_detail(schedule: Mapping[str, Any]) -> Table:
         "every",
         "payload",
         "labels",
+        "requires",
         "priority",
         "weight",
         "max_attempts",
@@ -232,8 +247,7 @@ def schedules_set(
         body = parse_payload(payload)
     except ValueError as exc:
         _usage_error("--payload", str(exc))
-    if timeout is not None and not timeout > 0:
-        _usage_error("--timeout", "must be greater than 0 seconds")
+    check_seconds("--timeout", timeout)
     optional: dict[str, Any] = {
         "cron": cron,
         "every": every,

@@ -278,6 +278,10 @@ class CannedApi:
         else:
             task.update(status="running", attempts=1)
         task["finished"] = task["status"] in ("completed", "failed", "cancelled")
+        if not task["finished"]:
+            # As the API does: an unfinished task is answered once the wait asked for is over
+            # (a client asks again at once only after a full wait).
+            await asyncio.sleep(float(request.query_params.get("timeout", "0")))
         return JSONResponse(task)
 
     def starlette(self) -> Starlette:
@@ -666,20 +670,20 @@ def test_submit_sends_only_the_given_fields_and_prints_id_and_status(api: Canned
         ("demo.echo", 0, 'result: {"value": 3}'),
         ("demo.fail", 1, "task 100 failed after 3 attempts: RuntimeError: boom"),
         ("demo.cancel", 1, "task 100 cancelled"),
-        ("demo.slow", 1, "task 100 is still running after waiting 5s"),
+        ("demo.slow", 1, "task 100 is still running after waiting 1s"),
     ],
 )
 def test_submit_wait_exits_by_how_the_task_finished(
     api: CannedApi, task_type: str, code: int, last_line: str
 ) -> None:
     result = run(
-        api, "submit", task_type, "--payload", '{"value": 3}', "--wait", "--wait-timeout", "5"
+        api, "submit", task_type, "--payload", '{"value": 3}', "--wait", "--wait-timeout", "1"
     )
     assert result.exit_code == code, result.output
     assert result.stdout.splitlines()[0] == f"task 100 {task_type}: pending"
     assert result.stdout.splitlines()[-1] == last_line
     assert [r["path"] for r in api.requests] == ["/tasks", "/tasks/100/wait"]
-    assert api.requests[1]["query"] == {"timeout": "5"}
+    assert api.requests[1]["query"] == {"timeout": "1"}
 
 
 def test_submit_reports_the_api_validation_error(api: CannedApi) -> None:

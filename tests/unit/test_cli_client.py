@@ -38,8 +38,11 @@ from taskfleet.cli.client import (
     progress_line,
     render_detail,
 )
-from taskfleet.cli.main import app
+from taskfleet.cli.main import load_commands
 from taskfleet.config_events import ExcludedWorker
+
+#: Every command registered (the schedules commands too).
+app = load_commands()
 
 
 def line(**event: Any) -> str:
@@ -309,6 +312,19 @@ def no_requests(monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]:
         (["config", "set", "--max-strict-percentage", "101"], "'--max-strict-percentage'", ""),
         (["config", "set", "--default-weight", "0"], "'--default-weight'", ""),
         (["config", "set", "--timeout", "-5"], "'--timeout'", "greater than 0"),
+        # Each of these was an "unexpected" error and exit 1 (config set had sent its PUT).
+        (["submit", "demo.echo", "--delay", "inf"], "'--delay'", "finite"),
+        (["submit", "demo.echo", "--timeout", "nan"], "'--timeout'", "finite"),
+        (["submit", "demo.echo", "--payload", '{"a": NaN}'], "'--payload'", "NaN"),
+        (["config", "set", "--timeout", "inf"], "'--timeout'", "finite"),
+        (["submit", "demo.echo", "--url", "http://host:notaport"], "'--url'", "not a valid URL"),
+        (
+            ["schedules", "set", "x", "--type", "demo.echo", "--every", "5m", "--timeout", "inf"],
+            "'--timeout'",
+            "finite",
+        ),
+        (["schedules", "set", "a/b", "--type", "demo.echo", "--every", "1h"], "'NAME'", "slash"),
+        (["schedules", "get", "a/b"], "'NAME'", "slash"),
     ],
 )
 def test_bad_options_are_usage_errors_before_any_request(
@@ -319,6 +335,15 @@ def test_bad_options_are_usage_errors_before_any_request(
     message = " ".join(result.output.replace("│", " ").split())
     assert f"Invalid value for {option}" in message
     assert rule in message
+    assert no_requests == []
+
+
+def test_a_token_that_is_not_ascii_is_a_usage_error(no_requests: list[httpx.Request]) -> None:
+    result = CliRunner().invoke(
+        app, ["workers"], env={"TASKFLEET_TOKEN": "tökén", "COLUMNS": "300"}
+    )
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--token'" in " ".join(result.output.replace("│", " ").split())
     assert no_requests == []
 
 
@@ -341,3 +366,11 @@ def test_the_workers_left_out_are_parsed_and_named_in_the_outcome() -> None:
         "converged: version 7 applied by every alive worker in 1.50s; "
         "left out: m3 (heartbeat expired)",
     )
+
+
+def test_schedule_detail_shows_the_tags_a_schedule_requires() -> None:
+    from taskfleet.cli.schedules import schedule_detail
+
+    table = schedule_detail({"name": "rq", "type": "demo.echo", "requires": ["gpu"]})
+    rows = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
+    assert "requires" in rows and "gpu" in str(rows["requires"])

@@ -214,3 +214,15 @@ def test_the_pause_after_an_early_answer_is_short_and_bounded_by_the_deadline() 
     # Never past the deadline.
     pause = _calls.pause_before_asking_again(now, 30.0, now + 0.1)
     assert pause is not None and pause <= 0.1
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"retries": -1}, {"retries": 1.5}, {"timeout": 0}, {"timeout": float("nan")}]
+)
+def test_bad_client_settings_are_refused_when_the_client_is_made(kwargs: dict[str, Any]) -> None:
+    # retries=-1 sent nothing and raised AssertionError('unreachable') at the first call;
+    # timeout=0 failed each call with a misleading ReadError.
+    with pytest.raises(ValueError):
+        Client("http://api", **kwargs)
+    with pytest.raises(ValueError):
+        taskfleet.AsyncClient("http://api", **kwargs)
