@@ -23,7 +23,9 @@ SWEEP_LOCK_KEY = 7_243_118_002
 # Advisory lock key serialising the writes of runtime-config versions.
 CONFIG_WRITE_LOCK_KEY = 7_243_118_003
 # Transaction-level advisory lock key of the pruner: one pruning statement in the fleet at a time.
-PRUNE_LOCK_KEY = 7_243_118_004
+# Its own key: 7_243_118_004 is the re-grouping's (migration 0003), and sharing it made a prune
+# pass stop as if another pruner ran while a re-grouping step was open, and the reverse.
+PRUNE_LOCK_KEY = 7_243_118_005
 
 TASK_READY_CHANNEL = "taskfleet_task_ready"
 
@@ -102,7 +104,12 @@ _ALIVE = (
 # alive (an offline row, or one whose process stopped heartbeating without saying so).
 _WORKER_PRUNABLE = f"""(
     w.last_heartbeat < now() - make_interval(secs => CAST(:workers_keep AS float8))
-    AND NOT {_ALIVE})"""
+    AND NOT {_ALIVE}
+    -- Never while it holds running tasks: the sweep takes a task whose worker row is gone at
+    -- once, and a draining (or late) worker can still be running it. The sweep returns them
+    -- when their leases expire; then the row goes.
+    AND NOT EXISTS (SELECT 1 FROM taskfleet.tasks t
+                    WHERE t.status = 'running' AND t.worker_id = w.id))"""
 
 # The grouping in force: the latest configured label set (one row; task_groupings always has
 # version 0, the empty set).
@@ -1114,8 +1121,8 @@ worker_prune = _query(
     "worker_prune",
     f"""
     -- Rows of workers that are offline, or stopped heartbeating, for longer than the workers'
-    -- retention (never an alive one). A task still marked running under a pruned worker's id
-    -- is rescued by the sweep as before.
+    -- retention (never an alive one, nor one that still holds running tasks: the sweep
+    -- returns those when their leases expire, then the row goes).
     WITH lock AS (SELECT pg_try_advisory_xact_lock(CAST(:lock_key AS bigint)) AS held),
     deleted AS (
         DELETE FROM taskfleet.workers w

@@ -175,3 +175,38 @@ async def test_a_large_prune_in_progress_does_not_hold_up_claims(
         finally:
             await tx.commit()
     assert await conn.fetchval("SELECT count(*) FROM taskfleet.tasks WHERE worker_id = 'w'") == 0
+
+
+async def test_a_worker_row_holding_running_tasks_is_not_pruned(
+    database_url: str, conn: asyncpg.Connection
+) -> None:
+    # A draining worker still running a task (its lease run out) is not alive, and its row was
+    # pruned once older than the worker retention; the next sweep then took the task at once
+    # (its worker row gone) while its code still ran.
+    for worker_id in ("draining-busy", "draining-idle"):
+        await conn.execute(
+            "INSERT INTO taskfleet.workers (id, hostname, pid, concurrency, status,"
+            " last_heartbeat) VALUES ($1, 'h', 1, 1, 'draining', now() - interval '3 seconds')",
+            worker_id,
+        )
+    await conn.execute(
+        "INSERT INTO taskfleet.tasks (type, status, worker_id, attempts, started_at,"
+        " lease_expires_at) VALUES ($1, 'running', 'draining-busy', 1,"
+        " now() - interval '40 seconds', now() - interval '10 seconds')",
+        UNCLAIMED,
+    )
+    sql, args = q.worker_prune.positional({"lock_key": q.PRUNE_LOCK_KEY, "workers_keep": 2.0})
+    (row,) = await conn.fetch(sql, *args)
+    assert (row["held"], row["deleted"]) == (True, 1)
+    workers = {r["id"] for r in await conn.fetch("SELECT id FROM taskfleet.workers")}
+    assert workers == {"draining-busy"}
+
+
+def test_the_pruner_and_the_regrouping_have_lock_keys_of_their_own() -> None:
+    # They shared one: a prune pass stopped as if another pruner ran while a re-grouping step
+    # was open, and a re-grouping step answered busy while a prune batch was.
+    import importlib
+
+    regroup = importlib.import_module("taskfleet.alembic.versions.0003_group_key")
+    keys = [q.SWEEP_LOCK_KEY, q.PRUNE_LOCK_KEY, regroup.REGROUP_LOCK_KEY]
+    assert len(set(keys)) == len(keys)
