@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskfleet.shared.policy.lanes import CONTROL_PRIORITY, RUNTIME_CONFIG_TASK_TYPE
+from taskfleet.shared.statuses import TaskStatus
 
 # Session-independent advisory lock key of the lease sweep (any worker may sweep, one at a time).
 SWEEP_LOCK_KEY = 7_243_118_002
@@ -524,15 +525,23 @@ label_limit_stats = _query(
 # (docs/operations.md#task-statistics says what each costs).
 # --------------------------------------------------------------------------------------------
 
+
+def _status_count(status: str) -> str:
+    return f"""
+    SELECT '{status}' AS status,
+           (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t WHERE t.status = '{status}'
+                                  LIMIT CAST(:limit AS int)) AS capped) AS counted
+    WHERE '{status}' = ANY(CAST(:statuses AS text[]))"""
+
+
 task_stats_status_counts = _query(
     "task_stats_status_counts",
-    """
-    -- Per status, count at most :limit rows: an index-only range of (status, id DESC) each.
-    SELECT s.status,
-           (SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t WHERE t.status = s.status
-                                  LIMIT CAST(:limit AS int)) AS capped) AS counted
-    FROM unnest(CAST(:statuses AS text[])) AS s(status)
-    """,
+    # Per status, count at most :limit rows. Each status is a literal of its own branch, so the
+    # planner weighs it with that status's statistics: a rare one (running, cancelled) is an
+    # index range of (status, id DESC); a common one stops at :limit rows whatever it reads.
+    # With the status as a parameter, every branch was planned for an average status and, at a
+    # million rows not yet vacuumed, read as a sequential scan of the whole table (200-450 ms).
+    " UNION ALL ".join(_status_count(status.value) for status in TaskStatus),
 )
 
 task_stats_status_estimates = _query(
