@@ -74,3 +74,30 @@ async def test_only_rows_a_changed_label_moves_are_written(conn: asyncpg.Connect
     after = await conn.fetch("SELECT id, xmin::text AS xmin FROM taskfleet.tasks ORDER BY id")
     rewritten = [a["id"] for a, b in zip(after, before, strict=True) if a["xmin"] != b["xmin"]]
     assert rewritten == [ids[2], ids[3]]
+
+
+async def test_a_row_locked_during_the_walk_is_regrouped_before_it_settles(
+    conn: asyncpg.Connection, database_url: str
+) -> None:
+    # The walk skips locked rows (SKIP LOCKED); it used to settle anyway, and such a row kept a
+    # group no worker's rotation had any more: that task was never claimed.
+    await ensure_grouping(conn, ["a"])
+    ids = await insert_tasks(conn, [NewTask(labels=["a"]) for _ in range(3)])
+    await _config(conn, "drop-a", [])
+    # A first step of one row: it has seen every transaction open at the change end.
+    (first,) = await run(conn, q.task_regroup_step, batch=1)
+    assert first["state"] == "regrouping", dict(first)
+    async with connected(database_url) as other:
+        tx = other.transaction()
+        await tx.start()
+        try:
+            # A claim's pick that a label limit left pending holds such a lock, for instance.
+            await other.execute("SELECT 1 FROM taskfleet.tasks WHERE id = $1 FOR UPDATE", ids[2])
+            step = await _step(conn)
+            assert step["state"] == "regrouping", dict(step)
+            assert (await _keys(conn))[ids[2]] == "a"
+        finally:
+            await tx.rollback()
+    step = await _step(conn)
+    assert step["state"] == "settled", dict(step)
+    assert [(await _keys(conn))[i] for i in ids] == ["", "", ""]
