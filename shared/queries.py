@@ -131,8 +131,9 @@ _UNIQUE_KEY_CONFLICT = """
 
 
 def _run_after(run_at: str, delay: str) -> str:
-    # A delay counts from the inserting statement, not from its transaction's start (now()): an
-    # application that enqueues late in a long transaction gets the delay it asked for.
+    # A delay counts from the inserting statement, as created_at does, not from its
+    # transaction's start (now()): an application that enqueues late in a long transaction gets
+    # the delay it asked for.
     return (
         f"COALESCE({run_at}, statement_timestamp() + make_interval(secs => COALESCE({delay}, 0)))"
     )
@@ -174,10 +175,10 @@ task_insert_batch = _query(
     grouping_now AS ({_GROUPING_LATEST}),
     inserted AS (
         INSERT INTO taskfleet.tasks AS t
-            (id, type, payload, priority, weight, labels, max_attempts, run_after, timeout,
-             unique_key, group_key, requires)
+            (id, type, payload, priority, weight, labels, max_attempts, created_at, run_after,
+             timeout, unique_key, group_key, requires)
         SELECT input.id, input.type, CAST(input.payload AS jsonb), input.priority,
-               input.weight, input.label_array, input.max_attempts,
+               input.weight, input.label_array, input.max_attempts, statement_timestamp(),
                {_run_after("input.run_at", "input.delay")},
                input.timeout, input.unique_key,
                taskfleet.task_group_key(input.label_array, grouping_now.labels),
@@ -208,10 +209,11 @@ task_insert_one = _query(
     grouping_now AS ({_GROUPING_LATEST}),
     inserted AS (
         INSERT INTO taskfleet.tasks AS t
-            (type, payload, priority, weight, labels, max_attempts, run_after, timeout,
-             unique_key, group_key, requires)
+            (type, payload, priority, weight, labels, max_attempts, created_at, run_after,
+             timeout, unique_key, group_key, requires)
         SELECT CAST(:type AS text), CAST(:payload AS jsonb), CAST(:priority AS int),
                CAST(:weight AS int), CAST(:labels AS text[]), CAST(:max_attempts AS int),
+               statement_timestamp(),
                {_run_after("CAST(:run_at AS timestamptz)", "CAST(:delay AS float8)")},
                CAST(:timeout AS float8), CAST(:unique_key AS text),
                taskfleet.task_group_key(CAST(:labels AS text[]), grouping_now.labels),

@@ -50,9 +50,20 @@ def _rewrite(old: str, new: str) -> None:
     )
 
 
+# created_at too: the enqueue's own time, as the API's insert stores it.
+_COLUMNS_BEFORE = "labels, max_attempts, run_after, timeout,"
+_COLUMNS_AFTER = "labels, max_attempts, created_at, run_after, timeout,"
+_VALUES_BEFORE = "enqueue.max_attempts,\n            COALESCE(enqueue.run_at,"
+_VALUES_AFTER = "enqueue.max_attempts, statement_timestamp(),\n            COALESCE(enqueue.run_at,"
+
+
 def upgrade() -> None:
     _rewrite(_FROM_TRANSACTION, _FROM_STATEMENT)
+    _rewrite(_COLUMNS_BEFORE, _COLUMNS_AFTER)
+    _rewrite(_VALUES_BEFORE, _VALUES_AFTER)
 
 
 def downgrade() -> None:
+    _rewrite(_VALUES_AFTER, _VALUES_BEFORE)
+    _rewrite(_COLUMNS_AFTER, _COLUMNS_BEFORE)
     _rewrite(_FROM_STATEMENT, _FROM_TRANSACTION)

@@ -86,21 +86,25 @@ async def test_a_delay_counts_from_the_enqueue_not_from_the_transactions_start(
     database_url: str, conn: asyncpg.Connection
 ) -> None:
     # Both ways in: the SQL function and the Python helper (the API's insert). run_after was
-    # now() + delay, now() being the transaction's start: a task enqueued 1 s into a
-    # transaction with a 2 s delay was due 1 s after it was enqueued.
+    # now() + delay, now() being the transaction's start (created_at too): a task enqueued 1 s
+    # into a transaction with a 2 s delay was due 1 s after it was enqueued.
     from taskfleet import enqueue
 
     async with conn.transaction():
+        began = await conn.fetchval("SELECT now()")
         await conn.execute("SELECT pg_sleep(1)")
         by_sql = await conn.fetchval("SELECT taskfleet.enqueue('demo.echo', delay_seconds => 2)")
         by_python = (await enqueue(conn, "demo.echo", {}, delay_seconds=2)).id
     rows = await conn.fetch(
-        "SELECT id, EXTRACT(EPOCH FROM run_after - created_at) AS ahead FROM taskfleet.tasks"
-        " WHERE id = ANY($1::bigint[])",
+        "SELECT id, created_at, EXTRACT(EPOCH FROM run_after - created_at) AS ahead"
+        " FROM taskfleet.tasks WHERE id = ANY($1::bigint[])",
         [by_sql, by_python],
     )
-    # created_at is the transaction's start; the enqueue came at least 1 s later.
-    assert {r["id"]: float(r["ahead"]) >= 2.99 for r in rows} == {by_sql: True, by_python: True}
+    assert {r["id"] for r in rows} == {by_sql, by_python}
+    for row in rows:
+        # Stamped when enqueued (after the sleep), due the delay after that.
+        assert (row["created_at"] - began).total_seconds() >= 1.0, row
+        assert float(row["ahead"]) == 2.0, row
 
 
 async def test_enqueue_in_sql_deduplicates_on_unique_key(
