@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from taskfleet.errors import ApiError, error_from_detail
+from taskfleet.errors import ApiError, InvalidRequest, error_from_detail
 from taskfleet.models import ScheduleFields, TaskFields, TaskFilter, TaskSpec
 
 #: Seconds to connect, write, or wait for a pool slot.
@@ -79,6 +79,48 @@ class Call:
         if self.read_timeout is None:
             return default
         return httpx.Timeout(default.connect, read=self.read_timeout)
+
+
+def build_request(
+    http: httpx.Client | httpx.AsyncClient, call: Call, default_timeout: httpx.Timeout
+) -> httpx.Request:
+    """The request for ``call``. A body JSON cannot carry (a NaN or infinite number) is an
+    :class:`InvalidRequest` naming the field, as the API would answer, and nothing is sent."""
+    try:
+        return http.build_request(
+            call.method,
+            call.path,
+            params=call.params,
+            json=call.body,
+            headers=call.headers,
+            timeout=call.timeout(default_timeout),
+        )
+    except ValueError:
+        where = _non_finite(call.body)
+        if where is None:
+            raise
+        raise InvalidRequest(
+            422,
+            "must be a finite number (JSON has no NaN or Infinity)",
+            field=".".join(where) or None,
+        ) from None
+
+
+def _non_finite(value: Any) -> list[str] | None:
+    """The path to the first NaN or infinite float in ``value``, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else []
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        if (where := _non_finite(item)) is not None:
+            return [str(key), *where]
+    return None
 
 
 def format_seconds(seconds: float) -> str:

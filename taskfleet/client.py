@@ -117,14 +117,7 @@ class Client:
     # -- sending -------------------------------------------------------------------------------
 
     def _request(self, call: _calls.Call, *, stream: bool) -> httpx.Response:
-        request = self._http.build_request(
-            call.method,
-            call.path,
-            params=call.params,
-            json=call.body,
-            headers=call.headers,
-            timeout=call.timeout(self._timeout),
-        )
+        request = _calls.build_request(self._http, call, self._timeout)
         for attempt in range(self._retries + 1):
             try:
                 response = self._http.send(request, stream=stream)
@@ -341,14 +334,7 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _request(self, call: _calls.Call, *, stream: bool) -> httpx.Response:
-        request = self._http.build_request(
-            call.method,
-            call.path,
-            params=call.params,
-            json=call.body,
-            headers=call.headers,
-            timeout=call.timeout(self._timeout),
-        )
+        request = _calls.build_request(self._http, call, self._timeout)
         for attempt in range(self._retries + 1):
             try:
                 response = await self._http.send(request, stream=stream)

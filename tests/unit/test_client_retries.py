@@ -226,3 +226,37 @@ def test_bad_client_settings_are_refused_when_the_client_is_made(kwargs: dict[st
         Client("http://api", **kwargs)
     with pytest.raises(ValueError):
         taskfleet.AsyncClient("http://api", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("send", "field"),
+    [
+        (lambda c: c.submit("demo.echo", delay_seconds=float("nan")), "delay_seconds"),
+        (lambda c: c.submit("demo.echo", {"to": [1, float("inf")]}), "payload.to.1"),
+        (
+            lambda c: c.submit_many([{"type": "a"}, {"type": "a", "priority": float("-inf")}]),
+            "tasks.1.priority",
+        ),
+    ],
+)
+def test_a_number_json_cannot_carry_is_an_invalid_request_naming_the_field(
+    send: Any, field: str
+) -> None:
+    # It raised httpx's bare ValueError('Out of range float values are not JSON compliant'),
+    # where enqueue() raises InvalidRequest for the same field. Nothing is sent.
+    script = Script()
+    with pytest.raises(taskfleet.InvalidRequest) as raised:
+        send(script.client())
+    assert raised.value.field == field
+    assert "finite" in raised.value.message
+    assert script.requests == []
+
+
+async def test_the_async_client_refuses_a_non_finite_number_too() -> None:
+    script = Script()
+    transport = httpx.MockTransport(script)
+    async with taskfleet.AsyncClient("http://api", token="t", transport=transport) as client:
+        with pytest.raises(taskfleet.InvalidRequest) as raised:
+            await client.submit("demo.echo", delay_seconds=float("inf"))
+    assert raised.value.field == "delay_seconds"
+    assert script.requests == []
