@@ -238,6 +238,16 @@ task_get_unfinished_by_unique_key = _query(
     """,
 )
 
+# Undoes an insert whose batch is refused after part of it was written (unique_key contention),
+# in the same transaction: the rows are that transaction's own, seen by no one else yet.
+task_delete_own_inserts = _query(
+    "task_delete_own_inserts",
+    """
+    DELETE FROM taskfleet.tasks WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'pending'
+    RETURNING id
+    """,
+)
+
 task_get = _query(
     "task_get",
     f"SELECT {_TASK_COLUMNS} FROM taskfleet.tasks t WHERE t.id = CAST(:id AS bigint)",

@@ -387,7 +387,8 @@ InsertSteps = Generator[tuple[q.Query, dict[str, Any]], list[Row], list[tuple[Ro
 
 def insert_steps(submissions: Sequence[Submission]) -> InsertSteps:
     """Insert the tasks in one statement (one NOTIFY); for each, its row and whether it was
-    deduplicated. Raises :class:`UniqueKeyContention` if a key's holder keeps finishing."""
+    deduplicated. Raises :class:`UniqueKeyContention` if a key's holder keeps finishing, after
+    deleting the rows it inserted (the statement's transaction is the caller's)."""
     results: list[tuple[Row, bool] | None] = [None] * len(submissions)
     todo = list(range(len(submissions)))
     for _ in range(DEDUP_ATTEMPTS):
@@ -409,6 +410,11 @@ def insert_steps(submissions: Sequence[Submission]) -> InsertSteps:
             break
         todo = vanished
     else:
+        # Nothing may stay written: in the caller's own transaction (``enqueue_many``) a caught
+        # Conflict followed by a commit would otherwise keep part of the batch.
+        written = [r[0]["id"] for r in results if r is not None and not r[1]]
+        if written:
+            yield q.task_delete_own_inserts, {"ids": written}
         raise UniqueKeyContention()
     return [r for r in results if r is not None]
 
