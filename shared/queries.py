@@ -1196,15 +1196,16 @@ worker_register = _query(
     """
     INSERT INTO taskfleet.workers AS w
         (id, hostname, pid, concurrency, status, started_at, last_heartbeat, heartbeat_interval,
-         applied_config_version, metrics_port, task_types, tags)
+         lease_ttl, applied_config_version, metrics_port, task_types, tags)
     VALUES (CAST(:id AS text), CAST(:hostname AS text), CAST(:pid AS int),
             CAST(:concurrency AS int), 'online', now(), now(),
-            CAST(:heartbeat_interval AS float8), CAST(:applied_config_version AS bigint),
+            CAST(:heartbeat_interval AS float8), CAST(:lease_ttl AS float8),
+            CAST(:applied_config_version AS bigint),
             CAST(:metrics_port AS int), CAST(:task_types AS text[]), CAST(:tags AS text[]))
     ON CONFLICT (id) DO UPDATE SET
         hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, concurrency = EXCLUDED.concurrency,
         status = 'online', started_at = now(), last_heartbeat = now(),
-        heartbeat_interval = EXCLUDED.heartbeat_interval,
+        heartbeat_interval = EXCLUDED.heartbeat_interval, lease_ttl = EXCLUDED.lease_ttl,
         applied_config_version = GREATEST(w.applied_config_version,
                                           EXCLUDED.applied_config_version),
         metrics_port = EXCLUDED.metrics_port, inflight = 0, strict_inflight = 0,
@@ -1263,7 +1264,8 @@ worker_tick = _query(
                AND pg_try_advisory_xact_lock(CAST(:sweep_lock_key AS bigint)) AS held
     ),
     -- Expired: past the lease the claim gave it (claimed more than a lease ago), and no live
-    -- process vouches for it: its worker stopped heartbeating a lease ago (or its row is gone),
+    -- process vouches for it: its worker stopped heartbeating a lease ago, by that worker's own
+    -- lease setting, not the sweeper's (or its row is gone),
     -- or it is this worker's own row that this process does not hold (left by an earlier
     -- process under the same id, or a claim whose reply was lost). A live worker's tasks never
     -- expire, however long they run; a killed worker's expire a lease after its last beat.
@@ -1278,8 +1280,7 @@ worker_tick = _query(
           AND NOT EXISTS (SELECT 1 FROM held WHERE held.id = t.id)  -- at the attempt it runs
           AND (t.worker_id = CAST(:worker_id AS text)
                OR w.id IS NULL
-               OR w.last_heartbeat
-                  < now() - make_interval(secs => CAST(:lease_ttl AS float8)))
+               OR w.last_heartbeat < now() - make_interval(secs => w.lease_ttl))
         FOR UPDATE OF t SKIP LOCKED
     ),
     -- Expired leases: back to pending (the attempt stays counted), or failed when exhausted,

@@ -175,6 +175,8 @@ workers = Table(
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("last_heartbeat", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("heartbeat_interval", Double, nullable=False, server_default=text("3")),
+    # Its TASKFLEET_LEASE_TTL: the sweep takes its tasks once it has been silent that long.
+    Column("lease_ttl", Double, nullable=False, server_default=text("30")),
     Column("applied_config_version", BigInteger, nullable=False, server_default=text("0")),
     Column("inflight", Integer, nullable=False, server_default=text("0")),
     Column("strict_inflight", Integer, nullable=False, server_default=text("0")),
@@ -184,6 +186,7 @@ workers = Table(
     # Its tags (TASKFLEET_WORKER_TAGS): it claims only tasks whose requires are all among them.
     Column("tags", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     CheckConstraint(_in("status", WorkerStatus), name="workers_status_valid"),
+    CheckConstraint("lease_ttl > 0", name="workers_lease_ttl_positive"),
 )
 
 worker_runtime_configs = Table(

@@ -34,7 +34,7 @@ from taskfleet.shared.registry import PermanentError, TaskParams, task
 
 if TYPE_CHECKING:
     from taskfleet.client import AsyncClient, Client
-    from taskfleet.enqueue import enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
+    from taskfleet.enqueuing import enqueue, enqueue_many, enqueue_many_sync, enqueue_sync
     from taskfleet.errors import (
         ApiError,
         Conflict,
@@ -57,10 +57,10 @@ except PackageNotFoundError:  # imported from a checkout that was never installe
 _LAZY = {
     "AsyncClient": "taskfleet.client",
     "Client": "taskfleet.client",
-    "enqueue": "taskfleet.enqueue",
-    "enqueue_many": "taskfleet.enqueue",
-    "enqueue_many_sync": "taskfleet.enqueue",
-    "enqueue_sync": "taskfleet.enqueue",
+    "enqueue": "taskfleet.enqueuing",
+    "enqueue_many": "taskfleet.enqueuing",
+    "enqueue_many_sync": "taskfleet.enqueuing",
+    "enqueue_sync": "taskfleet.enqueuing",
     "ApiError": "taskfleet.errors",
     "Conflict": "taskfleet.errors",
     "Forbidden": "taskfleet.errors",

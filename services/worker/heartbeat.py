@@ -124,7 +124,6 @@ class Heartbeat:
                     worker_id=self._worker_id,
                     held=[task_id for task_id, _ in state.held],
                     held_attempts=[attempt for _, attempt in state.held],
-                    lease_ttl=settings.lease_ttl,
                     sweep=sweep,
                     sweep_lock_key=queries.SWEEP_LOCK_KEY,
                     prune_statuses=prune_statuses,

@@ -425,6 +425,7 @@ class Worker:
             pid=self.pid,
             concurrency=self.settings.concurrency,
             heartbeat_interval=self.settings.heartbeat_interval,
+            lease_ttl=self.settings.lease_ttl,
             applied_config_version=self.applied_version,
             metrics_port=self.metrics_port,
             task_types=self.task_types,

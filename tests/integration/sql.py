@@ -263,7 +263,11 @@ async def claim_ids(conn: asyncpg.Connection, **kwargs: Any) -> list[int]:
 
 
 async def register_worker(
-    conn: asyncpg.Connection, worker_id: str, concurrency: int = 4, tags: Sequence[str] = ()
+    conn: asyncpg.Connection,
+    worker_id: str,
+    concurrency: int = 4,
+    tags: Sequence[str] = (),
+    lease_ttl: float = LEASE_TTL,
 ) -> None:
     await run(
         conn,
@@ -273,6 +277,7 @@ async def register_worker(
         pid=1,
         concurrency=concurrency,
         heartbeat_interval=3.0,
+        lease_ttl=lease_ttl,
         applied_config_version=0,
         metrics_port=None,
         task_types=[t for t in CLAIMABLE_TYPES if t != RUNTIME_CONFIG_TASK_TYPE],
@@ -290,7 +295,6 @@ async def tick(
     inflight: int = 0,
     strict_inflight: int = 0,
     applied_version: int = 0,
-    lease_ttl: float = LEASE_TTL,
 ) -> list[tuple[str, int | None, str | None]]:
     """``worker_tick`` as (kind, id, status) tuples; ``held`` are the task ids this worker
     process runs (its heartbeat vouches only for those), each at its current attempt unless
@@ -309,7 +313,6 @@ async def tick(
         held=list(held),
         held_attempts=list(held_attempts),
         worker_id=worker_id,
-        lease_ttl=lease_ttl,
         sweep=sweep,
         sweep_lock_key=q.SWEEP_LOCK_KEY,
         prune_statuses=[],

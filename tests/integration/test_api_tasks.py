@@ -517,6 +517,7 @@ async def test_workers_lists_every_row_with_alive(
                 "pid": 1,
                 "concurrency": 4,
                 "heartbeat_interval": 3.0,
+                "lease_ttl": 30.0,
                 "applied_config_version": 0,
                 "metrics_port": 9100,
                 "task_types": ["demo.echo", "demo.sleep"],

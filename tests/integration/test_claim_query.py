@@ -655,6 +655,7 @@ async def test_unrunnable_counts_pending_tasks_no_alive_worker_knows(
         pid=2,
         concurrency=1,
         heartbeat_interval=3.0,
+        lease_ttl=30.0,
         applied_config_version=0,
         metrics_port=None,
         task_types=["new.kind"],

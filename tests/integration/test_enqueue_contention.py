@@ -5,18 +5,15 @@ none of the batch."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import asyncpg
 import pytest
 
 import taskfleet
+from taskfleet import enqueuing as enqueue_module
 from taskfleet.shared import queries as q
 from taskfleet.shared.submission import DEDUP_ATTEMPTS
-
-# The module, not the function taskfleet.enqueue that shadows its name on the package.
-enqueue_module = importlib.import_module("taskfleet.enqueue")
 
 
 async def test_a_batch_refused_for_key_contention_leaves_nothing_in_the_transaction(

@@ -108,7 +108,7 @@ async def test_a_worker_keeps_the_tasks_it_holds_by_heartbeating_not_by_rewritin
 
     # A beats again, naming the task: neither its own sweep nor another worker's takes it, and
     # the task row is not rewritten (its lease is A's heartbeat).
-    rows = await tick(conn, "A", held=[task_id], sweep=True, inflight=1, lease_ttl=45.0)
+    rows = await tick(conn, "A", held=[task_id], sweep=True, inflight=1)
     assert of_kind(rows, "rescued") == []
     assert of_kind(await tick(conn, "B", sweep=True), "rescued") == []
     row = await task_row(conn, task_id)
@@ -169,13 +169,40 @@ async def test_a_worker_silent_for_a_lease_loses_its_tasks_to_another_sweeper(
     # Claimed more than a lease ago, but A beat a moment ago: not expired.
     await tick(conn, "A", held=[task_id])
     assert of_kind(await tick(conn, "B", sweep=True), "rescued") == []
-    # A's last beat is older than the sweeper's lease: expired.
+    # A's last beat is older than its lease (30 s): expired.
     await conn.execute(
         "UPDATE taskfleet.workers SET last_heartbeat = now() - interval '31 seconds' WHERE id = 'A'"
     )
-    assert of_kind(await tick(conn, "B", sweep=True, lease_ttl=30.0), "rescued") == [
-        (task_id, "pending")
-    ]
+    assert of_kind(await tick(conn, "B", sweep=True), "rescued") == [(task_id, "pending")]
+
+
+async def test_a_workers_silence_is_judged_by_its_own_lease_not_the_sweepers(
+    conn: asyncpg.Connection,
+) -> None:
+    # The sweeper judged every worker by its own TASKFLEET_LEASE_TTL: B (30 s) took the task of
+    # a live worker configured for 120 s after 31 s of silence, while its code still ran it.
+    await register_worker(conn, "slow", lease_ttl=120.0)
+    await register_worker(conn, "quick", lease_ttl=10.0)
+    slow_task, quick_task = await insert_tasks(conn, [NewTask(), NewTask()])
+    assert await claim_ids(conn, worker_id="slow", groups=[(None, 1)]) == [slow_task]
+    assert await claim_ids(conn, worker_id="quick", groups=[(None, 1)]) == [quick_task]
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET lease_expires_at = now() - interval '1 second'"
+        " WHERE id = ANY($1::bigint[])",
+        [slow_task, quick_task],
+    )
+    await conn.execute(
+        "UPDATE taskfleet.workers SET last_heartbeat = now() - interval '31 seconds'"
+        " WHERE id IN ('slow', 'quick')"
+    )
+    # 31 s is past quick's 10 s lease, within slow's 120 s: only quick's task is taken.
+    assert of_kind(await tick(conn, "B", sweep=True), "rescued") == [(quick_task, "pending")]
+    assert (await task_row(conn, slow_task))["status"] == "running"
+    await conn.execute(
+        "UPDATE taskfleet.workers SET last_heartbeat = now() - interval '121 seconds'"
+        " WHERE id = 'slow'"
+    )
+    assert of_kind(await tick(conn, "B", sweep=True), "rescued") == [(slow_task, "pending")]
 
 
 async def test_the_tasks_of_a_worker_whose_row_is_gone_are_rescued(

@@ -64,7 +64,7 @@ def test_the_wheel_installs_only_taskfleet_names(tmp_path: Path) -> None:
         "taskfleet/__init__.py",
         "taskfleet/py.typed",
         "taskfleet/client.py",
-        "taskfleet/enqueue.py",
+        "taskfleet/enqueuing.py",
         "taskfleet/testing.py",
         "taskfleet/shared/submission.py",
         "taskfleet/api/app.py",
@@ -95,7 +95,7 @@ def test_import_taskfleet_loads_no_http_or_database_library() -> None:
     )
     first, second = done.stdout.splitlines()
     assert first == ""
-    assert second == "taskfleet.client taskfleet.enqueue"
+    assert second == "taskfleet.client taskfleet.enqueuing"
 
 
 def test_the_public_names_are_exactly_the_documented_ones() -> None:
@@ -131,3 +131,24 @@ def test_the_public_names_are_exactly_the_documented_ones() -> None:
         value = getattr(taskfleet, name)
         if name != "__version__":
             assert value.__doc__, f"taskfleet.{name} has no docstring"
+
+
+def test_no_public_name_is_also_a_submodule_name() -> None:
+    # The enqueue functions lived in taskfleet/enqueue.py: importing that module (`from
+    # taskfleet.enqueue import enqueue_many`) bound the package attribute `enqueue` to the module,
+    # and `taskfleet.enqueue(conn, ...)` then raised "'module' object is not callable".
+    import pkgutil
+
+    import taskfleet
+
+    submodules = {m.name for m in pkgutil.iter_modules(taskfleet.__path__)}
+    assert submodules & set(taskfleet.__all__) == set()
+    code = (
+        "import taskfleet\n"
+        "import taskfleet.enqueuing, taskfleet.client, taskfleet.errors, taskfleet.models\n"
+        "print(callable(taskfleet.enqueue), taskfleet.enqueue.__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["True", "enqueue"]
