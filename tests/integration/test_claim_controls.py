@@ -281,6 +281,67 @@ async def test_a_limit_counts_tasks_already_running_when_it_is_set(
     assert await claim_ids(conn, groups=[(None, 3)]) == [ids[3]]
 
 
+async def test_a_new_limit_counts_the_tasks_a_claim_in_flight_takes(
+    database_url: str, conn: asyncpg.Connection
+) -> None:
+    """A plain claim whose snapshot predates a new limit took the label's tasks uncounted, and
+    the limit's marking of running tasks (its own snapshot) could not see them: 2 running, 0
+    counted, so limited claims could start another. The version now waits for that claim."""
+    ids = await insert_tasks(conn, [NewTask(labels=["a"]) for _ in range(3)])
+    async with connected(database_url) as claimer, connected(database_url) as writer:
+        in_flight = claimer.transaction()
+        await in_flight.start()
+        # The claim has run (no limit in its snapshot) but not committed.
+        assert sorted(await claim_ids(claimer, groups=[(None, 2)])) == ids[:2]
+        writer_pid = await writer.fetchval("SELECT pg_backend_pid()")
+        writing = asyncio.create_task(write_config(writer, labelLimits={"a": {"maxInFlight": 1}}))
+        # Either the version waits for the claim's lock, or (before the fix) it is written.
+        while not writing.done():
+            waiting = await conn.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                writer_pid,
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.01)
+        await in_flight.commit()
+        await asyncio.wait_for(writing, 30)
+    limit = await conn.fetchrow("SELECT in_flight, max_in_flight FROM taskfleet.label_limits")
+    assert dict(limit) == {"in_flight": 2, "max_in_flight": 1}
+    marked = await conn.fetchval(
+        "SELECT count(*) FROM taskfleet.tasks WHERE status = 'running' AND limit_labels = '{a}'"
+    )
+    assert marked == 2
+    # Over the limit until they finish: the third task waits.
+    assert await claim_ids(conn, groups=[(None, 3)]) == []
+
+
+async def test_a_claim_started_while_a_new_limit_is_written_sees_the_limit(
+    database_url: str, conn: asyncpg.Connection
+) -> None:
+    """The other order: a claim that starts before the version commits waits for it, then
+    counts under the limit (it took three tasks uncounted before)."""
+    await insert_tasks(conn, [NewTask(labels=["a"]) for _ in range(3)])
+    async with connected(database_url) as claimer, connected(database_url) as writer:
+        writing = writer.transaction()
+        await writing.start()
+        await write_config(writer, labelLimits={"a": {"maxInFlight": 1}})
+        claimer_pid = await claimer.fetchval("SELECT pg_backend_pid()")
+        claiming = asyncio.create_task(claim_ids(claimer, groups=[(None, 3)]))
+        while not claiming.done():
+            waiting = await conn.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                claimer_pid,
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.01)
+        await writing.commit()
+        got = await asyncio.wait_for(claiming, 30)
+    assert len(got) == 1
+    assert await conn.fetchval("SELECT in_flight FROM taskfleet.label_limits") == 1
+
+
 async def test_a_retry_or_a_lease_rescue_releases_the_slot_too(conn: asyncpg.Connection) -> None:
     await write_config(conn, labelLimits={"a": {"maxInFlight": 1}})
     first, second = await insert_tasks(conn, [NewTask(labels=["a"]) for _ in range(2)])
