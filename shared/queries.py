@@ -475,13 +475,16 @@ metrics_unrunnable = _query(
     "metrics_unrunnable",
     f"""
     WITH RECURSIVE
-    -- Every task type in the table, by a skip scan of the (type, id) index: one probe per
-    -- distinct type, however many rows each has.
+    -- Every type with pending tasks, by a skip scan of tasks_pending_type_idx (pending rows
+    -- only, keyed by type COLLATE "C", which nothing else asks for): one probe per distinct
+    -- type, however many rows each has, finished ones not at all.
     types AS (
-        (SELECT t.type FROM taskfleet.tasks t ORDER BY t.type LIMIT 1)
+        (SELECT t.type COLLATE "C" AS type FROM taskfleet.tasks t WHERE t.status = 'pending'
+         ORDER BY t.type COLLATE "C" LIMIT 1)
         UNION ALL
-        SELECT (SELECT t.type FROM taskfleet.tasks t WHERE t.type > types.type
-                ORDER BY t.type LIMIT 1)
+        SELECT (SELECT t.type COLLATE "C" FROM taskfleet.tasks t
+                WHERE t.status = 'pending' AND t.type COLLATE "C" > types.type
+                ORDER BY t.type COLLATE "C" LIMIT 1)
         FROM types WHERE types.type IS NOT NULL
     ),
     -- What the alive workers have handlers for (the control task excepted: all have one).
@@ -493,7 +496,8 @@ metrics_unrunnable = _query(
     -- Pending tasks of the types no alive worker knows, each type counted to :limit.
     SELECT 'unknown_type' AS reason, COALESCE(sum((
                SELECT count(*) FROM (SELECT 1 FROM taskfleet.tasks t
-                                     WHERE t.type = types.type AND t.status = 'pending'
+                                     WHERE t.type COLLATE "C" = types.type
+                                       AND t.status = 'pending'
                                      LIMIT CAST(:limit AS int)) AS capped)), 0) AS tasks
     FROM types, known
     WHERE types.type IS NOT NULL AND types.type <> '{RUNTIME_CONFIG_TASK_TYPE}'

@@ -138,6 +138,10 @@ tasks = Table(
         postgresql_where=text("unique_key IS NOT NULL AND status IN ('pending', 'running')"),
     ),
     # Listing filters (newest first, keyset on id).
+    # The pending tasks by type, for the unknown-type count of /metrics only. The migration
+    # (0016_pending_type_index) keys it by type COLLATE "C", which keeps every other statement
+    # off it; reflection reports that as the plain column.
+    Index("tasks_pending_type_idx", "type", postgresql_where=text("status = 'pending'")),
     Index("tasks_status_id_idx", "status", text("id DESC")),
     Index("tasks_type_id_idx", "type", text("id DESC")),
     Index("tasks_labels_idx", "labels", postgresql_using="gin"),
