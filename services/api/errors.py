@@ -26,11 +26,34 @@ ApiError = Rejected
 __all__ = ["ApiError", "Loc", "error_item", "install_error_handlers", "pydantic_errors"]
 
 
-async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    errors = pydantic_errors(exc.errors())
+    content_type = request.headers.get("content-type")
+    if not _is_json(content_type) and any(e["loc"] == ["body"] for e in errors):
+        # The body was not read as JSON at all (curl -d sends a form): say so, not that the
+        # body "should be a valid dictionary".
+        got = f"got {content_type!r}" if content_type else "none was sent"
+        errors = [
+            error_item(
+                ("header", "content-type"),
+                f"must be application/json ({got}): the body is a JSON object",
+                "content_type",
+            )
+        ]
     return JSONResponse(
-        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
-        content={"detail": pydantic_errors(exc.errors())},
+        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, content={"detail": errors}
+    )
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this Content-Type as JSON (application/json or
+    application/*+json, parameters aside)."""
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
     )
 
 

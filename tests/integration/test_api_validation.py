@@ -256,6 +256,55 @@ async def test_bad_task_in_a_batch_is_422_naming_its_index(
     assert await count_tasks(conn) == 0
 
 
+@pytest.mark.parametrize(
+    ("content_type", "got"),
+    [
+        ("text/plain", "got 'text/plain'"),
+        # What curl -d sends unless told otherwise.
+        ("application/x-www-form-urlencoded", "got 'application/x-www-form-urlencoded'"),
+        (None, "none was sent"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/tasks", b'{"type": "demo.echo"}'),
+        ("POST", "/tasks/batch", b'{"tasks": [{"type": "demo.echo"}]}'),
+        ("PUT", "/schedules/nightly", b'{"type": "demo.echo", "every": "1h"}'),
+    ],
+)
+async def test_a_json_body_sent_under_another_content_type_names_the_header(
+    client: httpx.AsyncClient,
+    conn: asyncpg.Connection,
+    method: str,
+    path: str,
+    body: bytes,
+    content_type: str | None,
+    got: str,
+) -> None:
+    # It said "body: Input should be a valid dictionary or object to extract fields from" of a
+    # body that is one: the body was never read as JSON.
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    response = await client.request(method, path, content=body, headers=headers)
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["header", "content-type"]
+    assert error["msg"].startswith(f"must be application/json ({got})")
+    assert error["type"] == "content_type"
+    assert await count_tasks(conn) == 0
+    assert await conn.fetchval("SELECT count(*) FROM taskfleet.schedules") == 0
+
+
+async def test_a_json_body_that_is_not_an_object_is_still_named_as_the_body(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post(
+        "/tasks", content=b"[1]", headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body"]
+
+
 async def test_reserved_priority_says_why(client: httpx.AsyncClient) -> None:
     response = await client.post("/tasks", json=echo(priority=2147483647))
     assert "reserved for the control lane" in response.json()["detail"][0]["msg"]
