@@ -24,6 +24,7 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -175,6 +176,16 @@ MAX_ATTEMPTS_DESCRIPTION = "Attempts before the task fails for good."
 TIMEOUT_DESCRIPTION = "Each attempt is cancelled after this many seconds."
 
 
+def _not_a_number(value: Any) -> Any:
+    # JSON has no time type: a time is an ISO 8601 string. Pydantic would read a number as Unix
+    # seconds, or as milliseconds past 2e10, which the documented schema does not allow.
+    if isinstance(value, int | float):
+        raise PydanticCustomError(
+            "datetime_type", "must be an ISO 8601 time with an offset, e.g. 2026-12-01T14:00:00Z"
+        )
+    return value
+
+
 class TaskIn(BaseModel):
     """One task to submit."""
 
@@ -194,7 +205,7 @@ class TaskIn(BaseModel):
     delay_seconds: Annotated[Seconds, Field(ge=0, le=MAX_DELAY_SECONDS)] | None = Field(
         default=None, description="Earliest start, relative to now. Not with run_at."
     )
-    run_at: AwareDatetime | None = Field(
+    run_at: Annotated[AwareDatetime, BeforeValidator(_not_a_number)] | None = Field(
         default=None,
         description="Earliest start, an ISO 8601 time with an offset. Not with delay_seconds.",
     )

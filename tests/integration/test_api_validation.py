@@ -148,6 +148,13 @@ BAD_TASKS: list[Any] = [
         id="run_at without offset",
     ),
     pytest.param(
+        # Pydantic read a number as Unix seconds (and one past 2e10 as milliseconds).
+        echo(run_at=1893456000),
+        ["body", "run_at"],
+        "datetime_type",
+        id="run_at a number",
+    ),
+    pytest.param(
         echo(run_at="tomorrow"),
         ["body", "run_at"],
         "datetime_from_date_parsing",
