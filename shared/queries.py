@@ -395,8 +395,16 @@ task_cancel_batch = _query(
 
 # The group of a normal-lane task by its stored key ('' = default); a row not yet re-grouped
 # after a change of the configured labels is counted where a claim would find it.
+# A normal-lane task's group by name, NULL for the default group. A stored key the latest
+# grouping no longer has (its label was taken out of labelWeights; the re-grouping has not
+# reached the row yet) is computed by the rule instead: no group the stats do not know, and
+# the task counts where it will be claimed from. (Rows of the default group whose label was
+# just weighted count there until the re-grouping moves them.)
 _GROUP_OF_TASK = """CASE WHEN t.priority = 0 THEN
-                    CASE WHEN t.group_key = '' THEN 'default' ELSE t.group_key END
+                    CASE WHEN t.group_key = '' THEN NULL
+                         WHEN t.group_key = ANY(grouping_now.labels) THEN t.group_key
+                         ELSE NULLIF(taskfleet.task_group_key(t.labels, grouping_now.labels), '')
+                    END
                END"""
 
 # --------------------------------------------------------------------------------------------
@@ -608,19 +616,20 @@ task_stats_pending_sample = _query(
     -- The oldest :limit pending tasks (by id, the order they were submitted in), read from the
     -- (status, id DESC) index: the whole backlog while it is shorter than that.
     sample AS (
-        SELECT t.priority, t.group_key, t.run_after FROM taskfleet.tasks t
+        SELECT t.priority, t.group_key, t.labels, t.run_after FROM taskfleet.tasks t
         WHERE t.status = 'pending'
         ORDER BY t.id
         LIMIT CAST(:limit AS int)
-    )
-    -- Per lane and normal-lane group: how many, how many are due, and the longest a due one
-    -- has waited since it became due.
+    ),
+    grouping_now AS ({_GROUPING_LATEST})
+    -- Per lane and normal-lane group (NULL: the default group): how many, how many are due,
+    -- and the longest a due one has waited since it became due.
     SELECT {_LANE_OF_TASK} AS lane, {_GROUP_OF_TASK} AS grp, count(*) AS pending,
            count(*) FILTER (WHERE t.run_after <= now()) AS ready,
            CAST(COALESCE(EXTRACT(EPOCH FROM now() - min(t.run_after)
                                  FILTER (WHERE t.run_after <= now())), 0) AS float8)
                AS oldest_ready_seconds
-    FROM sample t
+    FROM sample t LEFT JOIN grouping_now ON true
     GROUP BY 1, 2
     """,
 )

@@ -151,7 +151,10 @@ async def read_stats(
         seconds = float(r["oldest_ready_seconds"])
         oldest[r["lane"]] = max(oldest.get(r["lane"], 0.0), seconds)
         if r["lane"] == Lane.NORMAL.value:
-            group = groups[r["grp"]]
+            group = groups.get(r["grp"] or DEFAULT_GROUP)
+            if group is None:
+                # A grouping newer than the config read above (a change landed in between).
+                continue
             group["pending"] += int(r["pending"])
             group["ready"] += int(r["ready"])
             group["oldest_ready_seconds"] = max(group["oldest_ready_seconds"], seconds)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskfleet.shared.policy.groups import GroupKey, group_weights
+from taskfleet.shared.policy.groups import DEFAULT_GROUP, GroupKey, group_weights
 from taskfleet.shared.policy.lanes import CONTROL_LANE_NAME, RUNTIME_CONFIG_TASK_TYPE, strict_cap
 from taskfleet.shared.storable import escape_text, text_problem
 
@@ -205,6 +205,25 @@ def _check_label(value: object, loc: tuple[str | int, ...], issues: list[ConfigI
     return _check_name(value, "label", MAX_LABEL_LENGTH, loc, issues)
 
 
+def _check_weighted_label(
+    value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]
+) -> bool:
+    """A label that gets a weight (its own group): any label but the default group's name, which
+    would make two groups of one name in the stats and the metrics."""
+    if not _check_label(value, loc, issues):
+        return False
+    if value == DEFAULT_GROUP:
+        issues.append(
+            ConfigIssue(
+                loc,
+                f"'{DEFAULT_GROUP}' names the group of tasks with no weighted label (its weight "
+                "is defaultWeight); weight another label",
+            )
+        )
+        return False
+    return True
+
+
 def _check_weight(value: object, loc: tuple[str | int, ...], issues: list[ConfigIssue]) -> bool:
     if not _is_int(value) or int(value) < 1:  # type: ignore[call-overload]
         issues.append(ConfigIssue(loc, "weight must be an integer >= 1"))
@@ -373,7 +392,7 @@ def normalise_runtime_config(
             else:
                 new_map: dict[str, int] = {}
                 for i, (label, weight) in enumerate(zip(labels, weights, strict=True)):
-                    ok_label = _check_label(label, ("labels", i), issues)
+                    ok_label = _check_weighted_label(label, ("labels", i), issues)
                     ok_weight = _check_weight(weight, ("weights", i), issues)
                     if ok_label and ok_weight:
                         new_map[label] = weight  # a duplicate label: last wins
@@ -387,7 +406,9 @@ def normalise_runtime_config(
         else:
             new_map = {}
             for label, weight in mapping.items():
-                ok_label = _check_label(label, ("labelWeights", escape_text(str(label))), issues)
+                ok_label = _check_weighted_label(
+                    label, ("labelWeights", escape_text(str(label))), issues
+                )
                 ok_weight = _check_weight(weight, ("labelWeights", escape_text(str(label))), issues)
                 if ok_label and ok_weight:
                     new_map[label] = weight

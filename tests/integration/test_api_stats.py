@@ -179,3 +179,22 @@ async def test_past_the_limit_with_no_statistics_the_count_is_the_limit_not_a_gu
 
     assert stats["estimated"] == ["completed"]
     assert stats["by_status"]["completed"] == 10
+
+
+async def test_tasks_of_a_group_just_taken_out_of_the_config_count_where_they_go(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    # Their stored group_key names a group the config no longer has until the re-grouping
+    # reaches them (minutes at depth): the stats answered 500 (KeyError) meanwhile, and the
+    # console's overview with them.
+    await set_config(conn, {"labelWeights": {"a": 5, "b": 2}})
+    await seed(conn, [Seed(labels=["a"]), Seed(labels=["a", "b"]), Seed(labels=["b"])])
+    await set_config(conn, {"labelWeights": {"b": 2}})
+    keys = await conn.fetch("SELECT group_key FROM taskfleet.tasks ORDER BY id")
+    assert [r["group_key"] for r in keys] == ["a", "a", "b"]  # not re-grouped yet
+
+    response = await client.get("/tasks/stats", headers=AS_SUBMIT)
+    assert response.status_code == 200, response.text
+    pending = {g["group"]: g["pending"] for g in response.json()["groups"]}
+    # [a] goes to the default group, [a, b] to b (the rule), [b] stays in b.
+    assert pending == {"b": 2, "default": 1}

@@ -150,6 +150,21 @@ def test_label_weights_keys_follow_the_label_rule(label: str) -> None:
     assert _locs({"labelWeights": {"a": 1, label: 2}}) == {("labelWeights", label)}
 
 
+def test_the_default_groups_name_cannot_be_weighted_as_a_label() -> None:
+    # A label "default" with a weight made a second group named "default": the stats showed one
+    # of the two, and the depth gauges of both wrote one series.
+    assert _locs({"labelWeights": {"a": 1, "default": 5}}) == {("labelWeights", "default")}
+    assert _locs({"labels": ["default"], "weights": [5]}) == {("labels", 0)}
+    with pytest.raises(RuntimeConfigError) as info:
+        normalise_runtime_config({"labelWeights": {"default": 5}})
+    assert "defaultWeight" in info.value.issues[0].msg
+    # Still a label like any other elsewhere: it can be paused or limited.
+    config = normalise_runtime_config(
+        {"pausedLabels": ["default"], "labelLimits": {"default": {"maxInFlight": 2}}}
+    )
+    assert list(config.paused_labels) == ["default"]
+
+
 @pytest.mark.parametrize("mapping", [["a", 1], "a", 3])
 def test_label_weights_must_be_an_object(mapping: Any) -> None:
     assert _locs({"labelWeights": mapping}) == {("labelWeights",)}
