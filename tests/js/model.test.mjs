@@ -93,6 +93,23 @@ test("label weights are read from lines, with an error per bad line", () => {
   assert.deepEqual(parseLabelWeights(formatLabelWeights({ "x y": 7 })).weights, { "x y": 7 });
 });
 
+test("the config body carries only what changed since the form was drawn", () => {
+  // The form sent all three fields: changing the strict share from a tab opened earlier undid
+  // the label weights another operator had set since.
+  const base = { maxStrictPercentage: 50, defaultWeight: 2, labelWeights: { a: 5 } };
+  const form = { maxStrictPercentage: "80", defaultWeight: "2", labelWeights: "a = 5" };
+  assert.deepEqual(configBody(form, base), { body: { maxStrictPercentage: 80 }, errors: [] });
+  assert.deepEqual(configBody({ ...form, maxStrictPercentage: "50", labelWeights: "a = 5\nb = 1" }, base).body, {
+    labelWeights: { a: 5, b: 1 },
+  });
+  assert.deepEqual(configBody({ ...form, maxStrictPercentage: "50", labelWeights: "" }, base).body, { labelWeights: {} });
+  assert.deepEqual(configBody({ ...form, maxStrictPercentage: "50", defaultWeight: "3" }, base).body, { defaultWeight: 3 });
+  const unchanged = configBody({ ...form, maxStrictPercentage: "50" }, base);
+  assert.match(unchanged.errors[0], /Nothing changed/);
+  // Without a base (no form state), every field, as before.
+  assert.deepEqual(Object.keys(configBody(form).body).sort(), ["defaultWeight", "labelWeights", "maxStrictPercentage"]);
+});
+
 test("the config body: whole numbers in range, or a plain-language error", () => {
   assert.deepEqual(configBody({ maxStrictPercentage: "50", defaultWeight: "2", labelWeights: "a = 5" }), {
     body: { maxStrictPercentage: 50, defaultWeight: 2, labelWeights: { a: 5 } },

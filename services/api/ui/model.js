@@ -137,7 +137,7 @@ export function formatLabelWeights(weights) {
 }
 
 /** The PATCH /runtime-config body from the edit form's values; { body, errors }. */
-export function configBody({ maxStrictPercentage, defaultWeight, labelWeights, requestId }) {
+export function configBody({ maxStrictPercentage, defaultWeight, labelWeights, requestId }, base = null) {
   const errors = [];
   const body = {};
   const pct = Number(maxStrictPercentage);
@@ -155,6 +155,19 @@ export function configBody({ maxStrictPercentage, defaultWeight, labelWeights, r
   const parsed = parseLabelWeights(labelWeights);
   errors.push(...parsed.errors.map((e) => `Label weights, ${e}`));
   body.labelWeights = parsed.weights;
+  if (base && !errors.length) {
+    // Only what the operator changed since the form was drawn from ``base`` (the payload then):
+    // a field left alone must not undo what someone else set meanwhile (the body is a PATCH).
+    if (body.maxStrictPercentage === base.maxStrictPercentage) delete body.maxStrictPercentage;
+    if (body.defaultWeight === base.defaultWeight) delete body.defaultWeight;
+    if (sameWeights(body.labelWeights, base.labelWeights || {})) delete body.labelWeights;
+    if (!Object.keys(body).length) errors.push("Nothing changed: edit a field before applying");
+  }
   if (requestId) body.requestID = requestId;
   return { body, errors };
+}
+
+function sameWeights(a, b) {
+  const keys = Object.keys(a);
+  return keys.length === Object.keys(b).length && keys.every((k) => Object.hasOwn(b, k) && a[k] === b[k]);
 }

@@ -58,7 +58,7 @@ function form(config, onSubmit) {
       on: {
         submit: (event) => {
           event.preventDefault();
-          const { body, errors: problems } = configBody({ maxStrictPercentage: pct.value, defaultWeight: dw.value, labelWeights: lw.value });
+          const { body, errors: problems } = configBody({ maxStrictPercentage: pct.value, defaultWeight: dw.value, labelWeights: lw.value }, p);
           if (problems.length) {
             replace(errors, problems.map((problem) => notice(problem, "error")));
             return;
@@ -136,11 +136,12 @@ export default {
       if (!isFinished(state) && ctx.live) {
         changeBox.append(notice("The stream ended before an outcome; reload the page to re-attach.", "error"));
       }
-      if (ctx.live) await drawCurrent();
+      if (ctx.live) drawForm(await drawCurrent());
     };
 
-    const config = await drawCurrent();
-    replace(
+    // The form compares what is submitted with the version it was drawn from, so it is drawn
+    // again from the new version once a change of this page's has finished.
+    const drawForm = (config) => replace(
       formBox,
       form(config, (body) => {
         const requestId = newRequestId();
@@ -158,6 +159,7 @@ export default {
         );
       }),
     );
+    drawForm(await drawCurrent());
     if (ctx.params.request) {
       const id = ctx.params.request;
       follow(id, (onChunk) =>
