@@ -52,7 +52,16 @@ def bind_error(
     return exc
 
 
+def error_text(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder naming its type when its ``__str__`` raises (a handler's
+    own exception class can do anything)."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: str() failed>"
+
+
 def first_line(exc: BaseException) -> str:
     """An error's first line (a log line stays one line), or its type when it has no text."""
-    text = str(exc).strip()
+    text = error_text(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

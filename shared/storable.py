@@ -110,6 +110,8 @@ def encode_result(result: Any) -> str:
         encoded = _RESULT_ENCODER.encode(result)
     except (TypeError, ValueError) as exc:
         raise UnstorableResult(f"result is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise UnstorableResult("result is nested too deeply to encode as JSON") from None
     try:
         size = len(encoded.encode("utf-8"))
         suspect = "\\u0000" in encoded  # jsonb refuses the escaped NUL

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from taskfleet.shared.context import make_context
-from taskfleet.shared.errors import first_line
+from taskfleet.shared.errors import error_text, first_line
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE, Lane
@@ -135,6 +135,13 @@ class Executor:
         metrics.series(metrics.task_duration, running.lane.value).observe(self._clock() - started)
         if outcome is None:
             return
+        if outcome.status == TaskStatus.PENDING.value and running.thread_running:
+            # A retry while its thread still runs would let the next attempt (here or on
+            # another worker) run beside it: the task stays ours, running, until the thread
+            # returns. (If this process exits first, its lease expires and the sweep returns it.)
+            assert running.thread is not None
+            running.thread.add_done_callback(lambda _: self._outcomes.put(outcome))
+            return
         self._outcomes.put(outcome)
 
     def _interrupted(self, running: Running) -> Outcome | None:
@@ -189,7 +196,9 @@ class Executor:
             return self._failure(running, exc, permanent=exc.permanent)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt too
+            # Whatever a handler raises fails its attempt, never the worker: sys.exit() in a
+            # handler (or raised in its thread) ended the event loop, and the process with it.
             return self._failure(running, exc, permanent=False)
         try:
             encoded = encode_result(result)
@@ -231,7 +240,7 @@ class Executor:
         if isinstance(exc, ChildFailed):
             message = str(exc)  # the traceback, as the child process formatted it
         elif isinstance(exc, (PermanentError, AttemptTimeout)) and not exc.__cause__:
-            message = f"{type(exc).__name__}: {exc}"
+            message = f"{type(exc).__name__}: {error_text(exc)}"
         else:
             message = "".join(traceback.format_exception(exc))
         message = storable_error(message)

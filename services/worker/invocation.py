@@ -5,7 +5,8 @@ The pool has a thread for every slot (plus the control slot), so every slot can 
 handler at once. A thread cannot be stopped: a blocking handler past its timeout (or cancelled)
 is recorded as such at once, but its thread goes on until the handler returns, and its attempt
 keeps its slot until then (``Running.thread``), so the worker never runs more than its
-concurrency. For code that must be stopped, ``isolation="process"`` runs the attempt in a child
+concurrency; a retry is sent only then (the executor), so the task never runs twice at once.
+For code that must be stopped, ``isolation="process"`` runs the attempt in a child
 process that is killed at the timeout.
 """
 

@@ -52,6 +52,12 @@ def main() -> None:
         func = _resolve(*request["handler"])
         model = _resolve(*request["params"])
         params = model.model_validate(request["payload"])
+    except ValidationError as exc:
+        # The payload its model refuses: it would be refused again. (A ValidationError the
+        # handler raises itself is an error like any other, retried: below.)
+        _answer(answer_fd, _failure(exc, permanent=True))
+        return
+    try:
         fields = request["context"]
         left = fields.pop("time_left")
         deadline = fields.pop("deadline")
@@ -66,10 +72,7 @@ def main() -> None:
     except PermanentError as exc:
         _answer(answer_fd, _failure(exc, permanent=True))
         return
-    except ValidationError as exc:
-        _answer(answer_fd, _failure(exc, permanent=True))
-        return
-    except Exception as exc:
+    except BaseException as exc:  # sys.exit() in the handler fails the attempt too
         _answer(answer_fd, _failure(exc, permanent=False))
         return
     try:
@@ -89,3 +92,7 @@ def _resolve(module: str, qualname: str) -> Any:
 
 if __name__ == "__main__":
     main()
+    # The answer is written: end now, whatever threads the handler left behind (the interpreter
+    # would wait for a non-daemon one, and the worker for the process, past the timeout).
+    sys.stderr.flush()
+    os._exit(0)

@@ -4,7 +4,9 @@ The only honest timeout for CPU-bound or hung Python code: a thread cannot be st
 can. The child is a fresh interpreter (``python -m taskfleet.worker.isolated_child``) that
 imports the handler by its module path, reads the request (payload and context) as JSON on its
 stdin, and writes one JSON answer on its stdout; whatever the handler prints goes to stderr, the
-worker's log. At the timeout, on a cancel or at shutdown the child is killed.
+worker's log. At the timeout, on a cancel or at shutdown the child is killed, with every process
+it started (it runs in a process group of its own); once it has answered it exits at once,
+whatever threads the handler left running.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import sys
 from typing import Any
 
@@ -63,14 +67,17 @@ async def run_in_child(
         CHILD_MODULE,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
+        # Its own process group: a kill reaches whatever it started too.
+        start_new_session=True,
     )
     try:
         async with asyncio.timeout(timeout):
             out, _ = await proc.communicate(request(definition, payload, context))
     except BaseException:
-        # Timeout, cancel or shutdown: the code stops here, with the process.
+        # Timeout, cancel or shutdown: the code stops here, with the process and every
+        # process it started (a subprocess of the handler's would go on, orphaned).
         with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
         await asyncio.shield(proc.wait())
         raise
     try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,13 +19,35 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from taskfleet.shared.registry import TaskParams, task
+from taskfleet.shared.context import TaskContext
+from taskfleet.shared.registry import PermanentError, TaskParams, task
 
 HOSTILE_MODULE_ENV = {"TASKFLEET_TASK_MODULES": "tests.e2e.hostile_tasks"}
 
 PoisonKind = Literal[
-    "nul", "surrogate", "nul_key", "nul_error", "surrogate_error", "unencodable", "nan", "huge"
+    "nul",
+    "surrogate",
+    "nul_key",
+    "nul_error",
+    "surrogate_error",
+    "unencodable",
+    "nan",
+    "huge",
+    "deep",
+    "unprintable_error",
+    "unprintable_permanent",
+    "exit",
 ]
+
+
+class Unprintable(RuntimeError):
+    def __str__(self) -> str:
+        raise ValueError("no words for this")
+
+
+class UnprintablePermanent(PermanentError):
+    def __str__(self) -> str:
+        raise ValueError("no words for this either")
 
 
 class PoisonParams(TaskParams):
@@ -48,6 +72,17 @@ async def poison(params: PoisonParams) -> Any:
         return {"object": object()}
     if kind == "nan":
         return {"value": math.nan}
+    if kind == "deep":
+        deep: list[Any] = []
+        for _ in range(100_000):
+            deep = [deep]
+        return deep
+    if kind == "unprintable_error":
+        raise Unprintable
+    if kind == "unprintable_permanent":
+        raise UnprintablePermanent
+    if kind == "exit":
+        sys.exit(4)
     # huge: a 64 MiB result.
     return {"blob": "x" * (64 << 20)}
 
@@ -108,3 +143,65 @@ async def deaf_async(params: BlockFileParams) -> dict[str, Any]:
         except BaseException:  # the hostile part: deaf to its cancel
             pass
     return {"pid": os.getpid()}
+
+
+class Empty(TaskParams):
+    pass
+
+
+@task("hostile.exit_sync", params=Empty)
+def exit_sync(params: Empty) -> None:
+    """sys.exit() in a blocking handler's thread."""
+    sys.exit(3)
+
+
+@task("hostile.iso_thread", params=Empty, isolation="process")
+def iso_thread(params: Empty) -> dict[str, Any]:
+    """Returns at once, leaving a non-daemon thread behind in its process."""
+    threading.Thread(target=time.sleep, args=(600,)).start()
+    return {"returned": True}
+
+
+class SpawnParams(TaskParams):
+    #: Where the pid of the process it starts is written.
+    pidfile: str
+
+
+@task("hostile.iso_spawn", params=SpawnParams, isolation="process")
+def iso_spawn(params: SpawnParams) -> None:
+    """Starts a process of its own, then hangs until its timeout."""
+    child = subprocess.Popen(["sleep", "300"])
+    Path(params.pidfile).write_text(str(child.pid))
+    time.sleep(600)
+
+
+@task("hostile.iso_validation_error", params=Empty, isolation="process")
+def iso_validation_error(params: Empty) -> None:
+    """Raises a pydantic ValidationError of its own (not its payload's): retried, as any error."""
+    BarrierParams.model_validate({"parties": "many"})
+
+
+class OverlapParams(TaskParams):
+    #: One line per event, appended: "start <attempt>", "timed out <attempt>", "end <attempt>".
+    log: str
+    #: The first attempt returns once this file exists (after its timeout has passed).
+    release: str
+
+
+@task("hostile.overlap", params=OverlapParams)
+def overlap(params: OverlapParams, ctx: TaskContext) -> None:
+    """A blocking handler that outlives its timeout: its first attempt waits for the timeout's
+    signal, then for the test's release file."""
+
+    def note(event: str) -> None:
+        with Path(params.log).open("a") as log:
+            log.write(f"{event} {ctx.attempt}\n")
+
+    note("start")
+    if ctx.attempt == 1:
+        ctx.cancellation.wait(120)
+        note("timed out")
+        deadline = time.monotonic() + 120
+        while not Path(params.release).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    note("end")

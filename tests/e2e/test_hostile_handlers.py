@@ -24,6 +24,14 @@ POISON = {
     "unencodable": (1, ["result is not JSON-serialisable"]),
     "nan": (1, ["result is not JSON-serialisable"]),
     "huge": (1, ["result is larger than 1 MiB"]),
+    # The outcome was lost (the encoder's RecursionError escaped): running until its lease ran
+    # out, with the lease's message instead of the reason.
+    "deep": (1, ["result is nested too deeply"]),
+    # Likewise when formatting the error called the handler's own failing __str__.
+    "unprintable_error": (2, ["Unprintable", "str() failed"]),
+    "unprintable_permanent": (1, ["UnprintablePermanent", "str() failed"]),
+    # sys.exit() in a handler ended the worker process.
+    "exit": (2, ["SystemExit: 4"]),
 }
 
 
@@ -158,3 +166,135 @@ async def test_sigterm_with_a_handler_that_cannot_be_stopped_exits_and_keeps_the
 
 async def _exists(path: Path) -> bool:
     return await asyncio.to_thread(path.exists)
+
+
+async def test_sys_exit_in_a_blocking_handler_fails_the_attempt_not_the_worker(
+    database_url: str,
+) -> None:
+    async with Fleet(
+        database_url, env={**HOSTILE_MODULE_ENV, "TASKFLEET_RETRY_BASE": "0.01"}
+    ) as fleet:
+        await fleet.start_api()
+        worker = await fleet.start_worker("w1", concurrency=2)
+        conn = await fleet.connect()
+        try:
+            async with fleet.client() as client:
+                exiting = await _submit(client, {"type": "hostile.exit_sync", "max_attempts": 2})
+                row = (await wait_tasks_terminal(conn, [exiting], timeout=30))[exiting]
+                assert (row["status"], row["attempts"]) == ("failed", 2), row
+                assert "SystemExit: 3" in row["last_error"]
+                plain = await _submit(client, {"type": "demo.echo", "payload": {"value": "on"}})
+                done = (await wait_tasks_terminal(conn, [plain], timeout=30))[plain]
+                assert (done["status"], done["worker_id"]) == ("completed", "w1")
+            assert worker.alive()
+        finally:
+            await conn.close()
+
+
+def _process_gone(pid: int) -> bool:
+    """No such process, or a zombie waiting for its parent: it runs no more."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status
+
+
+async def test_isolated_handlers_end_with_their_answer_and_their_processes(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with Fleet(
+        database_url, env={**HOSTILE_MODULE_ENV, "TASKFLEET_RETRY_BASE": "0.01"}
+    ) as fleet:
+        await fleet.start_api()
+        await fleet.start_worker("w1", concurrency=3)
+        conn = await fleet.connect()
+        pidfile = tmp_path / "spawned.pid"
+        try:
+            async with fleet.client() as client:
+                # Returned at once but left a non-daemon thread: the child waited for it, so
+                # the attempt timed out (and without a timeout hung for ever).
+                threaded = await _submit(
+                    client,
+                    {"type": "hostile.iso_thread", "timeout_seconds": 60, "max_attempts": 1},
+                )
+                # A ValidationError of the handler's own was taken for a refused payload.
+                invalid = await _submit(
+                    client, {"type": "hostile.iso_validation_error", "max_attempts": 2}
+                )
+                # Killed at its timeout, it left the process it started running, orphaned.
+                spawning = await _submit(
+                    client,
+                    {
+                        "type": "hostile.iso_spawn",
+                        "payload": {"pidfile": str(pidfile)},
+                        "timeout_seconds": 2,
+                        "max_attempts": 1,
+                    },
+                )
+                rows = await wait_tasks_terminal(conn, [threaded, invalid, spawning], timeout=60)
+            assert (rows[threaded]["status"], rows[threaded]["result"]) == (
+                "completed",
+                {"returned": True},
+            ), rows[threaded]
+            assert (rows[invalid]["status"], rows[invalid]["attempts"]) == ("failed", 2)
+            assert "ValidationError" in rows[invalid]["last_error"]
+            assert rows[spawning]["status"] == "failed"
+            assert "timed out" in rows[spawning]["last_error"]
+            spawned = int(pidfile.read_text())
+
+            async def gone() -> bool:
+                return _process_gone(spawned)
+
+            await eventually(gone, timeout=10)
+        finally:
+            await conn.close()
+
+
+async def test_a_blocking_handler_past_its_timeout_is_not_retried_while_it_still_runs(
+    database_url: str, tmp_path: Path
+) -> None:
+    log, release = tmp_path / "events.log", tmp_path / "release"
+    async with Fleet(
+        database_url, env={**HOSTILE_MODULE_ENV, "TASKFLEET_RETRY_BASE": "0.01"}
+    ) as fleet:
+        await fleet.start_api()
+        await fleet.start_worker("w1", concurrency=2)
+        conn = await fleet.connect()
+        try:
+            async with fleet.client() as client:
+                task_id = await _submit(
+                    client,
+                    {
+                        "type": "hostile.overlap",
+                        "payload": {"log": str(log), "release": str(release)},
+                        "timeout_seconds": 0.5,
+                        "max_attempts": 2,
+                    },
+                )
+
+            async def timed_out() -> bool:
+                return log.exists() and "timed out 1" in log.read_text()
+
+            await eventually(timed_out, timeout=30)
+
+            # Its retry went out at once, and attempt 2 started beside the running thread.
+            async def second_attempt() -> bool:
+                return bool((await task_rows(conn, [task_id]))[task_id]["attempts"] >= 2)
+
+            with pytest.raises(TimeoutError):
+                await eventually(second_attempt, timeout=3)
+            row = (await task_rows(conn, [task_id]))[task_id]
+            assert (row["status"], row["attempts"]) == ("running", 1)
+            release.touch()
+            done = (await wait_tasks_terminal(conn, [task_id], timeout=30))[task_id]
+            assert (done["status"], done["attempts"]) == ("completed", 2), done
+            assert log.read_text().split("\n")[:-1] == [
+                "start 1",
+                "timed out 1",
+                "end 1",
+                "start 2",
+                "end 2",
+            ]
+        finally:
+            await conn.close()
