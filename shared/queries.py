@@ -1651,7 +1651,13 @@ schedule_fire = _query(
         UPDATE taskfleet.schedules s
         SET next_run_at = CAST(:next_run_at AS timestamptz),
             last_run_at = CAST(:slot AS timestamptz),
-            last_task_id = (SELECT new_task.id FROM new_task)
+            -- Not an id whose insert the slot's unique key will refuse below.
+            last_task_id = CASE WHEN EXISTS (
+                                    SELECT 1 FROM taskfleet.tasks t
+                                    WHERE t.schedule_name = s.name
+                                      AND t.schedule_slot = CAST(:slot AS timestamptz))
+                                THEN s.last_task_id
+                                ELSE (SELECT new_task.id FROM new_task) END
         WHERE s.name = CAST(:name AS text)
           AND s.next_run_at = CAST(:due AS timestamptz)
           AND s.revision = CAST(:revision AS bigint)

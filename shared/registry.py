@@ -22,7 +22,15 @@ from pydantic import BaseModel, ConfigDict
 from taskfleet.shared.errors import ConfigurationError
 from taskfleet.shared.policy.backoff import BackoffPolicy
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
-from taskfleet.shared.policy.schedules import ScheduleError, Timing, parse_timezone
+from taskfleet.shared.policy.schedules import (
+    MAX_CRON_LENGTH,
+    MAX_EVERY_LENGTH,
+    MAX_TIMEZONE_LENGTH,
+    ScheduleError,
+    Timing,
+    parse_timezone,
+    schedule_name_problem,
+)
 
 Handler = Callable[..., Any] | Callable[..., Awaitable[Any]]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -166,6 +174,15 @@ def _code_schedule(
         raise ValueError(f"task type {name!r}: give schedule= (a cron) or every=, not both")
     if every is not None and timezone is not None:
         raise ValueError(f"task type {name!r}: timezone= applies to schedule= (a cron) only")
+    # The API's length rules too: the worker declares it through them, and a schedule they
+    # refuse kept every worker loading it from firing any schedule at all.
+    for field, text, limit in (
+        ("schedule", cron, MAX_CRON_LENGTH),
+        ("every", every, MAX_EVERY_LENGTH),
+        ("timezone", timezone, MAX_TIMEZONE_LENGTH),
+    ):
+        if text is not None and not 1 <= len(text) <= limit:
+            raise ValueError(f"task type {name!r}: {field}= must be 1 to {limit} characters")
     checks: list[tuple[str, Callable[[], object]]] = [
         ("timezone", lambda: timezone is None or parse_timezone(timezone)),
         (
@@ -185,10 +202,9 @@ def _code_schedule(
             f"task type {name!r}: a scheduled task is enqueued with an empty payload, and its "
             "params model does not accept {}: give every field a default"
         ) from None
-    if "/" in name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if (problem := schedule_name_problem(name)) is not None:
         raise ValueError(
-            f"task type {name!r}: a scheduled type names its schedule, which must not contain "
-            "a slash or a control character"
+            f"task type {name!r}: a scheduled type names its schedule, which {problem}"
         )
     return CodeSchedule(cron=cron, every=every, timezone=timezone)
 

@@ -23,11 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from taskfleet.shared.policy.schedules import (
     DEFAULT_TIMEZONE,
     MAX_CRON_LENGTH,
+    MAX_EVERY_LENGTH,
     MAX_TIMEZONE_LENGTH,
     ScheduleError,
     Timing,
     parse_every,
     parse_timezone,
+    schedule_name_problem,
 )
 from taskfleet.shared.registry import TaskRegistry
 from taskfleet.shared.submission import (
@@ -52,8 +54,6 @@ from taskfleet.shared.submission import (
     error_item,
 )
 
-MAX_SCHEDULE_NAME_LENGTH = 200
-MAX_EVERY_LENGTH = 32
 SOURCE_API = "api"
 SOURCE_CODE = "code"
 
@@ -117,29 +117,9 @@ class ScheduleSubmission:
 
 
 def check_schedule_name(name: str, loc: Loc) -> None:
-    """:class:`Rejected` (422) unless ``name`` is 1-200 characters of storable text without a
-    slash, a control character (C0, DEL or C1) or U+FFFD, and not "." or ".."."""
-    problem: str | None = None
-    if not 1 <= len(name) <= MAX_SCHEDULE_NAME_LENGTH:
-        problem = f"must be 1 to {MAX_SCHEDULE_NAME_LENGTH} characters"
-    elif "\x00" in name:
-        problem = "must not contain NUL characters"
-    elif any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
-        problem = "must not contain control characters"
-    elif "/" in name:
-        problem = "must not contain a slash"
-    elif name in (".", ".."):
-        # A path segment every HTTP client normalises away: the schedule could not be addressed.
-        problem = 'must not be "." or ".."'
-    elif "\ufffd" in name:
-        # What a URL's invalid UTF-8 (an encoded surrogate, say) decodes to.
-        problem = "must be valid UTF-8 text (U+FFFD, the replacement character, is refused)"
-    else:
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:
-            problem = "must be valid Unicode text"
-    if problem is not None:
+    """:class:`Rejected` (422) unless ``name`` is a usable schedule name (the rule:
+    :func:`~taskfleet.shared.policy.schedules.schedule_name_problem`)."""
+    if (problem := schedule_name_problem(name)) is not None:
         raise Rejected(422, [error_item(loc, problem, "invalid_name")])
 
 

@@ -18,10 +18,9 @@ from taskfleet.api.deps import get_database, get_registry
 from taskfleet.api.routing import guarded_route
 from taskfleet.api.schemas import ErrorList, ErrorMessage, ScheduleList, ScheduleOut
 from taskfleet.shared import queries as q
-from taskfleet.shared.policy.schedules import next_slot
+from taskfleet.shared.policy.schedules import MAX_SCHEDULE_NAME_LENGTH, next_slot
 from taskfleet.shared.registry import TaskRegistry
 from taskfleet.shared.schedules import (
-    MAX_SCHEDULE_NAME_LENGTH,
     SOURCE_API,
     ScheduleIn,
     check_schedule,

@@ -90,6 +90,9 @@ class Scheduler:
                 delay = retry.next()
                 log.warning("declaring schedules failed (%s); retrying", first_line(exc))
                 await self._sleep(delay)
+                # A stop request makes that sleep return at once: yield all the same, or this
+                # loop would keep the event loop (and the worker's drain) from ever running.
+                await asyncio.sleep(0)
         retry.reset()
         while True:
             await self._until_next_look()
@@ -117,7 +120,13 @@ class Scheduler:
 
     async def declare(self) -> None:
         """Upsert the schedules this worker's task modules declare (an API-set one wins)."""
-        declared = code_schedules(self._registry)
+        try:
+            declared = code_schedules(self._registry)
+        except ValueError as exc:  # pydantic's ValidationError too
+            # Not the database's fault, so no retry would help: the schedules already stored
+            # still fire.
+            log.error("the schedules declared in code cannot be declared: %s", first_line(exc))
+            declared = []
         if declared:
             (row,) = await self._db.fetch(queries.database_now)
             for name, submission in declared:

@@ -35,6 +35,8 @@ from cronsim import CronSim, CronSimError
 
 MAX_CRON_LENGTH = 200
 MAX_TIMEZONE_LENGTH = 64
+MAX_EVERY_LENGTH = 32
+MAX_SCHEDULE_NAME_LENGTH = 200
 MIN_EVERY_SECONDS = 1
 MAX_EVERY_SECONDS = 366 * 24 * 3600
 DEFAULT_TIMEZONE = "UTC"
@@ -93,14 +95,51 @@ def normalize_cron(text: str) -> str:
     return expr
 
 
+#: Names the system's zone files answer to that are not IANA zones: what they mean depends on
+#: the machine (``localtime`` is its own setting), so the API and each worker could read them
+#: differently, or a worker image not at all.
+_HOST_ZONE_NAMES = frozenset({"localtime", "posixrules", "Factory"})
+_HOST_ZONE_PREFIXES = ("posix/", "right/")
+
+
 def parse_timezone(name: str) -> zoneinfo.ZoneInfo:
     """The IANA time zone ``name``; :class:`ScheduleError` if there is none of that name."""
+    if name in _HOST_ZONE_NAMES or name.startswith(_HOST_ZONE_PREFIXES):
+        raise ScheduleError(
+            f"{name!r} depends on the machine it is read on; give an IANA time zone name "
+            "(such as UTC, Europe/Berlin, America/New_York)"
+        )
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         raise ScheduleError(
             "not a known IANA time zone name (such as UTC, Europe/Berlin, America/New_York)"
         ) from None
+
+
+def schedule_name_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as a schedule's name (it is a URL path segment), or None: it
+    must be 1-200 characters of storable text without a slash, a control character (C0, DEL or
+    C1) or U+FFFD, and not "." or ".."."""
+    if not 1 <= len(name) <= MAX_SCHEDULE_NAME_LENGTH:
+        return f"must be 1 to {MAX_SCHEDULE_NAME_LENGTH} characters"
+    if "\x00" in name:
+        return "must not contain NUL characters"
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+        return "must not contain control characters"
+    if "/" in name:
+        return "must not contain a slash"
+    if name in (".", ".."):
+        # A path segment every HTTP client normalises away: the schedule could not be addressed.
+        return 'must not be "." or ".."'
+    if "\ufffd" in name:
+        # What a URL's invalid UTF-8 (an encoded surrogate, say) decodes to.
+        return "must be valid UTF-8 text (U+FFFD, the replacement character, is refused)"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode text"
+    return None
 
 
 @dataclass(frozen=True)
@@ -135,7 +174,13 @@ def next_slot(timing: Timing, after: datetime) -> datetime:
         elapsed = (after - _EPOCH) // timedelta(seconds=timing.every)
         return _EPOCH + timedelta(seconds=timing.every * (elapsed + 1))
     assert timing.cron is not None
-    return next(CronSim(timing.cron, after.astimezone(timing._zone()))).astimezone(UTC)
+    # cronsim can answer a time before ``after`` in the hour a clock change repeats (a fixed-time
+    # job runs in the first pass only, and from inside the second pass it returns that first
+    # one): skip to the first slot that is really later.
+    slots = CronSim(timing.cron, after.astimezone(timing._zone()))
+    while (slot := next(slots).astimezone(UTC)) <= after:
+        pass
+    return slot
 
 
 def latest_slot(timing: Timing, at: datetime) -> datetime:
@@ -148,9 +193,10 @@ def latest_slot(timing: Timing, at: datetime) -> datetime:
     assert timing.cron is not None
     # Backwards from just after ``at`` (cronsim counts whole seconds), so ``at`` itself counts.
     start = (at + timedelta(seconds=1)).replace(microsecond=0)
-    return next(CronSim(timing.cron, start.astimezone(timing._zone()), reverse=True)).astimezone(
-        UTC
-    )
+    slots = CronSim(timing.cron, start.astimezone(timing._zone()), reverse=True)
+    while (slot := next(slots).astimezone(UTC)) > at:  # as in next_slot, around a clock change
+        pass
+    return slot
 
 
 @dataclass(frozen=True)

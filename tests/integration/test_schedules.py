@@ -409,3 +409,20 @@ async def test_code_schedules_are_declared_and_an_api_one_wins(
     await scheduler(database_url, code_registry(every="10m")).declare()
     row = await conn.fetchrow("SELECT * FROM taskfleet.schedules")
     assert row["every"] == "10m" and row["source"] == "code"
+
+
+async def test_a_code_schedule_that_cannot_be_declared_leaves_the_others_firing(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One the import checks let through and the declaration refuses (a ValidationError): the
+    # scheduler retried it for ever, without yielding once a stop was requested, and never
+    # started firing the schedules already stored.
+    registry = code_registry(every="1m")
+    definition = registry.get("report.nightly")
+    assert definition is not None and definition.schedule is not None
+    object.__setattr__(definition.schedule, "every", "1" * 40)  # past the 32-character rule
+    s = scheduler(database_url, registry)
+    with caplog.at_level("ERROR"):
+        await asyncio.wait_for(s.declare(), 10)
+    assert s.declared.is_set()
+    assert "cannot be declared" in caplog.text

@@ -91,6 +91,14 @@ def test_unknown_time_zone() -> None:
         cron("0 6 * * *", "../../etc/passwd")
 
 
+@pytest.mark.parametrize("name", ["localtime", "posixrules", "Factory", "right/UTC", "posix/UTC"])
+def test_a_zone_name_that_depends_on_the_machine_is_refused(name: str) -> None:
+    # Loadable here, so accepted: localtime is each machine's own setting, and a worker image
+    # without the file marked the schedule broken.
+    with pytest.raises(ScheduleError, match="depends on the machine"):
+        cron("0 6 * * *", name)
+
+
 def test_exactly_one_of_cron_and_every() -> None:
     with pytest.raises(ScheduleError):
         Timing.parse(cron=None, every=None, timezone=None)
@@ -142,6 +150,31 @@ def test_a_time_repeated_by_the_autumn_change_runs_once() -> None:
     # At the second 01:30 (06:30Z), the schedule fired an hour ago is not due again.
     assert next_slot(timing, utc(2026, 11, 1, 5, 30)) == utc(2026, 11, 2, 6, 30)
     assert fire_plan(timing, utc(2026, 11, 2, 6, 30), utc(2026, 11, 1, 6, 35)) is None
+
+
+@pytest.mark.parametrize(
+    ("expr", "zone", "inside", "after_it"),
+    [
+        # 02:30 Berlin is 00:30Z (CEST), then 01:30Z (CET) on 2025-10-26.
+        ("30 2 * * *", "Europe/Berlin", utc(2025, 10, 26, 1, 10), utc(2025, 10, 27, 1, 30)),
+        # 01:30 New York is 05:30Z (EDT), then 06:30Z (EST) on 2026-11-01.
+        ("30 1 * * *", "America/New_York", utc(2026, 11, 1, 6, 10), utc(2026, 11, 2, 6, 30)),
+        # 01:15 ran in the first pass (05:15Z); the next is 02:15 EST.
+        ("15 1-3 * * *", "America/New_York", utc(2026, 11, 1, 6, 5), utc(2026, 11, 1, 7, 15)),
+    ],
+)
+def test_inside_the_repeated_hour_the_next_slot_is_later_never_earlier(
+    expr: str, zone: str, inside: datetime, after_it: datetime
+) -> None:
+    # From inside the second pass, cronsim answered the first pass's slot, an hour earlier:
+    # fire_plan set next_run_at to the slot it had just fired, and every worker looked again at
+    # once, in a loop, until the clock passed the minute (up to an hour).
+    timing = cron(expr, zone)
+    assert next_slot(timing, inside) == after_it
+    assert latest_slot(timing, inside) <= inside
+    plan = fire_plan(timing, inside - timedelta(minutes=5), inside)
+    assert plan is not None
+    assert plan.next_run_at > inside >= plan.slot
 
 
 def test_sub_hourly_cron_follows_the_real_clock_across_the_autumn_change() -> None:

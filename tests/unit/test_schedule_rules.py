@@ -3,6 +3,7 @@ broken rule is a 422 naming its field; the task fields obey the rules of a submi
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -136,3 +137,33 @@ def test_code_schedules_are_named_after_their_type() -> None:
         "Asia/Tokyo",
     )
     assert params["payload"] == "{}" and params["source"] == "code"
+
+
+# A cron that parses but is longer than the API's 200 characters: every minute and hour listed.
+_LONG_CRON = (
+    ",".join(str(m) for m in range(60)) + " " + ",".join(str(h) for h in range(24)) + " * * *"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "schedule", "words"),
+    [
+        # Accepted at import, then refused by the rules the worker declares it through: every
+        # worker loading it retried for ever, fired no schedule, and could not be stopped.
+        ("a.long", {"schedule": _LONG_CRON}, "schedule= must be 1 to 200 characters"),
+        ("a.tz", {"schedule": "0 6 * * *", "timezone": "A" * 65}, "timezone= must be 1 to 64"),
+        # Declared under a name the API refuses: not readable or deletable over HTTP.
+        ("..", {"every": "1m"}, 'must not be "." or ".."'),
+        ("a\x85b", {"every": "1m"}, "must not contain control characters"),
+    ],
+)
+def test_a_code_schedule_the_api_would_refuse_fails_at_import(
+    name: str, schedule: dict[str, str], words: str
+) -> None:
+    assert len(_LONG_CRON) > 200
+    registry = TaskRegistry()
+    with pytest.raises(ValueError, match=re.escape(words)):
+
+        @registry.task(name, params=_Nothing, **schedule)
+        def handler(params: _Nothing) -> None:
+            return None
