@@ -303,7 +303,8 @@ def change_config(body: Mapping[str, Any], patch: bool, timeout: float) -> Call:
 def watch_config(request_id: str, timeout: float) -> Call:
     return Call(
         "GET",
-        f"/runtime-config/requests/{request_id}",
+        # One path segment whatever it holds: "r1?x" must not become a query, "a/../b" a path.
+        "/runtime-config/requests/" + quote(request_id, safe=""),
         params={"watch": "true", "timeout": format_seconds(timeout)},
         idempotent=True,
         read_timeout=timeout + READ_SLACK,

@@ -4,6 +4,7 @@ calls are retried on a 503 or a dropped connection, and how a config stream re-a
 from __future__ import annotations
 
 import json
+import urllib.parse
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -260,3 +261,14 @@ async def test_the_async_client_refuses_a_non_finite_number_too() -> None:
             await client.submit("demo.echo", delay_seconds=float("inf"))
     assert raised.value.field == "delay_seconds"
     assert script.requests == []
+
+
+@pytest.mark.parametrize("request_id", ["r1?x=1", "r1#frag", "a/../../tasks", "b c%2F"])
+def test_a_request_id_is_one_path_segment_when_a_stream_re_attaches(request_id: str) -> None:
+    # "r1?x" re-attached to request "r1" (the rest became a query), and "a/../../tasks" to
+    # another path: the id was put in the URL as it is.
+    request = httpx.Request("GET", "http://api" + _calls.watch_config(request_id, 5.0).path)
+    prefix, segment = request.url.raw_path.decode().rsplit("/", 1)
+    assert prefix == "/runtime-config/requests"
+    assert request.url.query == b""
+    assert urllib.parse.unquote(segment) == request_id
