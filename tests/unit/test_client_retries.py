@@ -4,8 +4,8 @@ calls are retried on a 503 or a dropped connection, and how a config stream re-a
 from __future__ import annotations
 
 import json
-import urllib.parse
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
