@@ -38,8 +38,10 @@ async def submit_config(
 
     One request id is one version: a retry while the task is unfinished is deduplicated by the
     task's unique key, and a request id that already has a version or a finished task is
-    attached to. With ``check_payload`` (a PUT), reusing a request id for a different config is
-    a 409: attaching would report the outcome of a config the client did not send.
+    attached to. Reusing a request id for a different config (a PUT's, compared with its task or
+    its version; a PATCH's changes, compared with its task's) is a 409: attaching would report
+    the outcome of a change the client did not send. ``check_payload``: ``payload`` is a whole
+    config (a PUT), comparable with a stored version too.
     """
     async with database.transaction() as conn:
         existing = await fetch_one(conn, queries.runtime_config_request_task, request_id=request_id)
@@ -71,7 +73,10 @@ async def submit_config(
                 conn, queries.task_get_unfinished_by_unique_key, unique_key=_unique_key(request_id)
             ) or await fetch_one(conn, queries.runtime_config_request_task, request_id=request_id)
             stored = existing["payload"] if existing is not None else None
-    if check_payload and stored is not None and stored != payload:
+    # A PATCH's task payload is its changes as sent, comparable with this one; the version it
+    # wrote (once its task is pruned) holds the merged config, which is not.
+    comparable = check_payload or existing is not None
+    if comparable and stored is not None and stored != payload:
         raise ApiError(
             status.HTTP_409_CONFLICT,
             [

@@ -874,6 +874,29 @@ async def test_a_stale_worker_does_not_hold_convergence_up(
     assert [w["id"] for w in status["workers"]] == ["w0", "w1", "w2"]
 
 
+async def test_a_patch_reusing_a_request_id_for_other_changes_is_a_409(
+    client: httpx.AsyncClient,
+    fleet: list[Worker],
+    fake_worker: FakeWorker,
+    conn: asyncpg.Connection,
+) -> None:
+    # It attached to the first PATCH's request and answered its outcome: the second change
+    # (here a pause of the normal lane) was never made, and the caller was told it converged.
+    body = {"maxStrictPercentage": 10, "requestID": "patch-once"}
+    first = await client.patch("/runtime-config", params={"wait": "false"}, json=body)
+    again = await client.patch("/runtime-config", params={"wait": "false"}, json=body)
+    assert first.status_code == again.status_code == 202
+    assert again.json()["deduplicated"] is True
+    clash = await client.patch(
+        "/runtime-config",
+        params={"wait": "false"},
+        json={"pausedLanes": ["normal"], "maxStrictPercentage": 90, "requestID": "patch-once"},
+    )
+    assert clash.status_code == 409, clash.text
+    assert clash.json()["detail"][0]["loc"] == ["body", "requestID"]
+    assert await update_task_count(conn) == 1
+
+
 async def test_a_retried_put_attaches_to_its_request_instead_of_enqueueing_again(
     client: httpx.AsyncClient,
     fleet: list[Worker],
