@@ -1481,8 +1481,14 @@ runtime_config_convergence = _query(
         FROM taskfleet.workers w
         WHERE {_ALIVE}
            OR (w.applied_config_version < CAST(:version AS bigint)
-               AND w.last_heartbeat + 3 * w.heartbeat_interval * interval '1 second'
-                   > (SELECT created_at FROM target))
+               AND CASE WHEN w.status = 'online'
+                        -- Silent: alive until its heartbeat expired.
+                        THEN w.last_heartbeat + 3 * w.heartbeat_interval * interval '1 second'
+                             > (SELECT created_at FROM target)
+                        -- Stopped: alive until it said so (that stamps its last heartbeat; a
+                        -- worker that went offline before the version was not left out of it).
+                        ELSE w.last_heartbeat > (SELECT created_at FROM target)
+                   END)
     )
     SELECT (SELECT COALESCE(max(version), 0) FROM taskfleet.worker_runtime_configs) AS latest,
            count(*) FILTER (WHERE f.alive) AS alive_workers,

@@ -518,6 +518,27 @@ async def test_config_insert_is_idempotent_per_request_and_applied_version_only_
     assert (row["alive_workers"], row["applied_workers"], row["lagging"]) == (1, 1, [])
 
 
+async def test_a_worker_stopped_before_a_version_is_not_left_out_of_it(
+    conn: asyncpg.Connection,
+) -> None:
+    # A worker stopped cleanly a moment before the version was written (offline, its row's
+    # heartbeat stamped when it said so) was listed as excluded: "alive after the version".
+    await conn.execute(
+        "UPDATE taskfleet.workers SET status = 'offline', last_heartbeat = now() - interval "
+        "'1 second' WHERE id = 'B'"
+    )
+    (written,) = await run(conn, q.runtime_config_insert, request_id="r9", payload="{}")
+    (row,) = await run(conn, q.runtime_config_convergence, version=written["version"])
+    assert (row["alive_workers"], row["lagging"], row["excluded"]) == (1, ["A"], [])
+    # One that stops after it, still behind, is.
+    await conn.execute(
+        "UPDATE taskfleet.workers SET status = 'offline', last_heartbeat = now() + interval "
+        "'1 second' WHERE id = 'A'"
+    )
+    (row,) = await run(conn, q.runtime_config_convergence, version=written["version"])
+    assert (row["excluded"], row["excluded_statuses"]) == (["A"], ["offline"])
+
+
 # --------------------------------------------------------------------------------------------
 # A cancel request is never lost to a retry, a rescue, a release, or a claim
 # --------------------------------------------------------------------------------------------
