@@ -13,6 +13,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import urlsplit
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -82,6 +83,7 @@ class RoleRequirement:
     def authorize(self, request: Request) -> Principal:
         authenticator: Authenticator = request.app.state.api.authenticator
         if authenticator.disabled:
+            _refuse_cross_site_write(request)
             return Principal(role="admin")
         token = _bearer_token(request)
         if token is None:
@@ -103,6 +105,28 @@ class RoleRequirement:
     ) -> Principal:
         # async: a plain def dependency would hop to the thread pool on every request.
         return self.authorize(request)
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _refuse_cross_site_write(request: Request) -> None:
+    """With authentication off, any web page the operator visits could make the browser send
+    a write (a cancel or a retry needs no body, so no preflight): a write whose ``Origin`` is
+    another site's is refused. Clients that are not browsers send no ``Origin``; the console is
+    served by the API itself, on the same origin. (With tokens on, a browser has none to send.)"""
+    if request.method in _SAFE_METHODS:
+        return
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    host = request.headers.get("host", "")
+    if origin == "null" or urlsplit(origin).netloc.lower() != host.lower():
+        raise HTTPException(
+            status_code=status.HTTP_403_FORBIDDEN,
+            detail=f"a write from another site ({origin}) is refused while authentication is "
+            "disabled (TASKFLEET_AUTH_DISABLED)",
+        )
 
 
 def require_role(role: Role) -> RoleRequirement:

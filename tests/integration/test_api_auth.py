@@ -173,6 +173,32 @@ async def test_auth_disabled_lets_everyone_in_and_says_so_loudly(
     assert any("AUTHENTICATION IS DISABLED" in r.getMessage() for r in warnings)
 
 
+async def test_auth_disabled_refuses_writes_a_browser_sends_from_another_site(
+    database_url: str,
+) -> None:
+    # Any page the operator visited could cancel or retry tasks: those POSTs have no body, so
+    # the browser sends them cross-site without asking first.
+    settings = ApiSettings(database_url=database_url, auth_disabled=True)
+    async for client in started_client(settings):
+        created = await client.post("/tasks", json={"type": "demo.echo", "delay_seconds": 600})
+        task_id = created.json()["id"]
+        host = client.base_url.netloc.decode()
+        for origin in ("http://evil.example", "null"):
+            refused = await client.post(f"/tasks/{task_id}/cancel", headers={"Origin": origin})
+            assert refused.status_code == 403, refused.text
+            assert "another site" in refused.json()["detail"]
+        assert (await client.get(f"/tasks/{task_id}")).json()["status"] == "pending"
+        # Reads stay open; a same-origin write (the console) and one without an Origin (curl,
+        # the Python client) go through.
+        assert (
+            await client.get("/tasks", headers={"Origin": "http://evil.example"})
+        ).status_code == 200
+        same = await client.post(f"/tasks/{task_id}/cancel", headers={"Origin": f"http://{host}"})
+        assert same.status_code == 200, same.text
+        plain = await client.post("/tasks", json={"type": "demo.echo"})
+        assert plain.status_code == 201
+
+
 def test_no_tokens_without_auth_disabled_refuses_to_start() -> None:
     with pytest.raises(ValidationError, match="no API tokens configured"):
         ApiSettings(
