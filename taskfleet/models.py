@@ -231,4 +231,6 @@ class TaskStats(_Answer):
     sample_complete: bool
     finished_last_minute: FinishedCounts
     failed_last_hour: int
+    #: The finished counts that reached the API's counting limit and stopped there.
+    finished_capped: list[str] = []
     config_version: int

@@ -85,6 +85,10 @@ class TaskStats(BaseModel):
     )
     finished_last_minute: FinishedStats
     failed_last_hour: int
+    finished_capped: list[str] = Field(
+        description=f"The finished counts that reached {COUNT_LIMIT:,} and stopped there: "
+        "completed, failed and cancelled (of finished_last_minute), failed_last_hour."
+    )
     config_version: int = Field(description="The runtime config version the groups come from.")
 
 
@@ -178,6 +182,16 @@ async def read_stats(
             for s in ("completed", "failed", "cancelled")
         },
         "failed_last_hour": min(int(finished["failed_last_hour"]), count_limit),
+        "finished_capped": [
+            name
+            for name, column in (
+                ("completed", "completed_last_minute"),
+                ("failed", "failed_last_minute"),
+                ("cancelled", "cancelled_last_minute"),
+                ("failed_last_hour", "failed_last_hour"),
+            )
+            if int(finished[column]) > count_limit
+        ],
         "config_version": int(latest["version"]) if latest else 0,
     }
 

@@ -161,6 +161,10 @@ async def test_past_the_limits_counts_become_estimates_and_say_so(
     assert stats["sample_complete"] is False
     assert sum(g["pending"] for g in stats["groups"]) == 5
     assert stats["finished_last_minute"]["completed"] == 10
+    # The finished counts that stopped at the limit say so too (the console showed 10,000 a
+    # minute as exact when far more finished).
+    assert stats["finished_capped"] == ["completed"]
+    assert stats["finished_last_minute"]["failed"] == 3
 
 
 async def test_past_the_limit_with_no_statistics_the_count_is_the_limit_not_a_guess(

@@ -18,15 +18,18 @@ function queueFigures(stats) {
   const s = stats.by_status;
   const about = (status) => (stats.estimated.includes(status) ? "about " : "");
   const done = stats.finished_last_minute;
+  // A count that reached the API's limit stopped there: "10,000+", not an exact figure.
+  const capped = new Set(stats.finished_capped || []);
+  const count = (name, n) => `${formatCount(n)}${capped.has(name) ? "+" : ""}`;
   return h(
     "div",
     { class: "figures" },
     figure("Waiting", `${about("pending")}${plural(s.pending, "task")}`, h("a", { href: buildFragment("tasks", { status: "pending" }) }, "see them")),
     figure("Running", plural(s.running, "task"), h("a", { href: buildFragment("tasks", { status: "running" }) }, "see them")),
-    figure("Completed", `${formatCount(done.completed)} / min`, "in the last minute"),
-    figure("Failed", `${formatCount(done.failed)} / min`, "in the last minute"),
-    figure("Failed in the last hour", plural(stats.failed_last_hour, "task"), h("a", { href: buildFragment("tasks", { status: "failed" }) }, "see the failures")),
-    figure("Cancelled", `${formatCount(done.cancelled)} / min`, "in the last minute"),
+    figure("Completed", `${count("completed", done.completed)} / min`, "in the last minute"),
+    figure("Failed", `${count("failed", done.failed)} / min`, "in the last minute"),
+    figure("Failed in the last hour", `${count("failed_last_hour", stats.failed_last_hour)} ${stats.failed_last_hour === 1 ? "task" : "tasks"}`, h("a", { href: buildFragment("tasks", { status: "failed" }) }, "see the failures")),
+    figure("Cancelled", `${count("cancelled", done.cancelled)} / min`, "in the last minute"),
   );
 }
 
