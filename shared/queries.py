@@ -1613,6 +1613,7 @@ schedule_list = _query(
     "schedule_list",
     f"""
     SELECT {_SCHEDULE_COLUMNS} FROM taskfleet.schedules s
+    WHERE CAST(:after AS text) IS NULL OR s.name > CAST(:after AS text)
     ORDER BY s.name
     LIMIT CAST(:limit AS int)
     """,

@@ -209,6 +209,17 @@ def submit_many(tasks: Iterable[TaskSpec]) -> Call:
     return Call("POST", "/tasks/batch", body={"tasks": bodies}, idempotent=keyed)
 
 
+#: Schedules asked for per page by the clients' schedules(): the API's largest page.
+SCHEDULE_PAGE = 10_000
+
+
+def list_schedules(after: str | None) -> Call:
+    params = {"limit": str(SCHEDULE_PAGE)}
+    if after is not None:
+        params["after"] = after
+    return Call("GET", "/schedules", params=params, idempotent=True)
+
+
 def _schedule_path(name: str) -> str:
     return "/schedules/" + quote(name, safe="")
 

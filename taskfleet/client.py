@@ -231,9 +231,16 @@ class Client:
     # -- schedules -----------------------------------------------------------------------------
 
     def schedules(self) -> builtins.list[Schedule]:
-        """Every schedule, by name, with ``next_run_at`` and ``last_run_at``."""
-        doc = self._send(_calls.Call("GET", "/schedules", idempotent=True))
-        return [Schedule.model_validate(s) for s in doc["schedules"]]
+        """Every schedule, by name, with ``next_run_at`` and ``last_run_at`` (a page at a
+        time)."""
+        found: builtins.list[Schedule] = []
+        after: str | None = None
+        while True:
+            page = self._send(_calls.list_schedules(after))["schedules"]
+            found.extend(Schedule.model_validate(s) for s in page)
+            if len(page) < _calls.SCHEDULE_PAGE:
+                return found
+            after = found[-1].name
 
     def schedule(self, name: str) -> Schedule:
         """One schedule (``NotFound`` if there is none)."""
@@ -432,9 +439,16 @@ class AsyncClient:
                 return
 
     async def schedules(self) -> builtins.list[Schedule]:
-        """Every schedule, by name, with ``next_run_at`` and ``last_run_at``."""
-        doc = await self._send(_calls.Call("GET", "/schedules", idempotent=True))
-        return [Schedule.model_validate(s) for s in doc["schedules"]]
+        """Every schedule, by name, with ``next_run_at`` and ``last_run_at`` (a page at a
+        time)."""
+        found: builtins.list[Schedule] = []
+        after: str | None = None
+        while True:
+            page = (await self._send(_calls.list_schedules(after)))["schedules"]
+            found.extend(Schedule.model_validate(s) for s in page)
+            if len(page) < _calls.SCHEDULE_PAGE:
+                return found
+            after = found[-1].name
 
     async def schedule(self, name: str) -> Schedule:
         """One schedule (``NotFound`` if there is none)."""

@@ -108,8 +108,16 @@ async def put_schedule(
 async def list_schedules(
     database: Annotated[Database, Depends(get_database)],
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    after: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_SCHEDULE_NAME_LENGTH,
+            description="Only the schedules whose name sorts after this one, in the listing's "
+            "order: the last name of a full page asks for the next page.",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
-    rows = await database.fetch_all(q.schedule_list, limit=limit)
+    rows = await database.fetch_all(q.schedule_list, limit=limit, after=after)
     return {"schedules": [schedule_out(row) for row in rows]}
 
 

@@ -19,13 +19,15 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+import taskfleet
+from taskfleet import _calls
 from taskfleet.api.app import create_app
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.registry import TaskParams, TaskRegistry, load_registry
 from taskfleet.worker.database import Database
 from taskfleet.worker.scheduler import Scheduler
 from tests.integration.conftest import count_tasks
-from tests.integration.test_api_tasks import AS_SUBMIT, api_settings, started_client
+from tests.integration.test_api_tasks import ADMIN, AS_SUBMIT, api_settings, started_client
 from tests.integration.workerkit import build_worker, start, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -426,3 +428,23 @@ async def test_a_code_schedule_that_cannot_be_declared_leaves_the_others_firing(
         await asyncio.wait_for(s.declare(), 10)
     assert s.declared.is_set()
     assert "cannot be declared" in caplog.text
+
+
+async def test_the_list_pages_by_name_and_the_client_reads_every_page(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The client asked once, without a limit: past 1,000 schedules it returned the first 1,000
+    # as "every schedule".
+    names = [f"s{i}" for i in range(5)]
+    for name in names:
+        assert (await put(client, name, every="1h")).status_code == 201
+    first = (await client.get("/schedules", params={"limit": 2})).json()["schedules"]
+    assert [s["name"] for s in first] == names[:2]
+    rest = await client.get("/schedules", params={"limit": 10, "after": first[-1]["name"]})
+    assert [s["name"] for s in rest.json()["schedules"]] == names[2:]
+
+    monkeypatch.setattr(_calls, "SCHEDULE_PAGE", 2)
+    async with taskfleet.AsyncClient(
+        "http://api", token=ADMIN, transport=client._transport
+    ) as python_client:
+        assert [s.name for s in await python_client.schedules()] == names
