@@ -55,10 +55,10 @@ class HandlerRunner:
         args = (params, context) if definition.takes_context else (params,)
         if timeout is None and definition.is_async:
             return await definition.func(*args)  # the common case, without a timeout scope
+        if definition.is_async:
+            return await _bounded(definition.func(*args), timeout, running, context)
         try:
             async with asyncio.timeout(timeout) as scope:
-                if definition.is_async:
-                    return await definition.func(*args)
                 loop = asyncio.get_running_loop()
                 running.thread = loop.run_in_executor(self._pool, _call, definition, args)
                 # Shielded: a timeout or cancel ends the wait, never the thread.
@@ -73,6 +73,39 @@ class HandlerRunner:
     def shutdown(self) -> None:
         """No new work; threads still running are left to finish (or to die with the process)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+#: After a cancel from outside (a cancel request, the drain), how long to wait for an async
+#: handler to end before leaving it running on its slot: a handler that ends in time is given
+#: back at a drain; one that does not keeps its task until it ends or the process exits.
+CANCEL_GRACE = 1.0
+
+
+async def _bounded(
+    coro: Any, timeout: float | None, running: Running, context: TaskContext | None
+) -> Any:
+    """An async handler with a timeout, in a task of its own: at the timeout it is cancelled and
+    the attempt ends as timed out even if it swallows the cancel (it stayed ``running`` for
+    ever). One that goes on keeps its slot until it ends (``Running.thread``, as a blocking
+    handler's thread does), and its retry waits for that."""
+    inner = asyncio.ensure_future(coro)
+    try:
+        await asyncio.wait({inner}, timeout=timeout)
+    except asyncio.CancelledError:
+        inner.cancel()
+        try:
+            await asyncio.wait({inner}, timeout=CANCEL_GRACE)
+        finally:
+            if not inner.done():
+                running.thread = inner
+        raise
+    if inner.done():
+        return inner.result()  # what it returned or raised (its own CancelledError too)
+    if context is not None:
+        context.cancellation.set("timeout")
+    inner.cancel()
+    running.thread = inner  # freed, and a retry sent, once it has really ended
+    raise AttemptTimeout(_timed_out(timeout))
 
 
 def _call(definition: TaskDefinition, args: tuple[Any, ...]) -> Any:

@@ -38,7 +38,8 @@ class Running:
     started: bool = False
     #: The handler's context (its cancellation signal is set on cancel, timeout, shutdown).
     context: TaskContext | None = None
-    #: A blocking handler's thread: the attempt keeps its slot until this is done.
+    #: Code of the attempt that cannot be stopped at once (a blocking handler's thread, or an
+    #: async handler left running past its timeout or cancel): it keeps its slot until done.
     thread: asyncio.Future[Any] | None = None
     labels: tuple[str, ...] = ()
 

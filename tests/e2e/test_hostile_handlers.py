@@ -298,3 +298,37 @@ async def test_a_blocking_handler_past_its_timeout_is_not_retried_while_it_still
             ]
         finally:
             await conn.close()
+
+
+async def test_an_async_handler_deaf_to_its_cancel_still_times_out(
+    database_url: str, tmp_path: Path
+) -> None:
+    # It swallowed the CancelledError of its timeout and the task stayed running for ever,
+    # holding its slot. Now the attempt ends as timed out at the timeout; the handler keeps its
+    # slot until it really ends.
+    release, started = tmp_path / "release", tmp_path / "started"
+    async with Fleet(database_url, env=HOSTILE_MODULE_ENV) as fleet:
+        await fleet.start_api()
+        await fleet.start_worker("w1", concurrency=2)
+        conn = await fleet.connect()
+        try:
+            async with fleet.client() as client:
+                deaf = await _submit(
+                    client,
+                    {
+                        "type": "hostile.deaf_async",
+                        "payload": {"path": str(release), "started": str(started)},
+                        "timeout_seconds": 1,
+                        "max_attempts": 1,
+                    },
+                )
+                row = (await wait_tasks_terminal(conn, [deaf], timeout=30))[deaf]
+                assert row["status"] == "failed", row
+                assert "timed out after 1s" in row["last_error"]
+                release.touch()
+                plain = await _submit(client, {"type": "demo.echo", "payload": {"value": "x"}})
+                done = (await wait_tasks_terminal(conn, [plain], timeout=30))[plain]
+                assert done["status"] == "completed"
+        finally:
+            release.touch()
+            await conn.close()
