@@ -190,6 +190,10 @@ class Executor:
                 result = result.result
         except PermanentError as exc:
             return self._failure(running, exc, permanent=True)
+        except BaseExceptionGroup as exc:
+            # A TaskGroup's errors: permanent if one of them is (a retry would meet it again).
+            permanent = exc.subgroup(PermanentError) is not None
+            return self._failure(running, exc, permanent=permanent)
         except AttemptTimeout as exc:
             return self._failure(running, exc, permanent=False)
         except ChildFailed as exc:

@@ -239,3 +239,18 @@ async def test_every_failed_attempt_is_logged_with_its_fields(
     assert (final.levelname, final.attempt, final.outcome) == ("ERROR", 1, "failed")
     assert final.error == "PermanentError: give up"
     assert "a permanent error" in final.getMessage()
+
+
+async def test_a_permanent_error_inside_an_exception_group_fails_the_task_for_good(
+    database_url: str,
+) -> None:
+    # A PermanentError raised in a TaskGroup reaches the worker inside an ExceptionGroup, and
+    # was retried to max_attempts: the same record is gone on every attempt.
+    async with kit.connect(database_url) as conn, kit.running_worker(database_url):
+        permanent, transient = await kit.submit(
+            conn, "kit.group", [{"permanent": True}, {"permanent": False}], max_attempts=3
+        )
+        rows = {i: await kit.wait_task(conn, i) for i in (permanent, transient)}
+    assert (rows[permanent]["status"], rows[permanent]["attempts"]) == ("failed", 1)
+    assert "the record is gone" in rows[permanent]["last_error"]
+    assert (rows[transient]["status"], rows[transient]["attempts"]) == ("failed", 3)

@@ -117,6 +117,24 @@ async def flaky(params: FlakyParams) -> dict[str, Any]:
     return {"calls": calls}
 
 
+class GroupParams(TaskParams):
+    #: Whether one of the grouped errors is a PermanentError.
+    permanent: bool
+
+
+@test_tasks.task("kit.group", params=GroupParams)
+async def group(params: GroupParams) -> None:
+    """Fails as a TaskGroup does: an ExceptionGroup of its children's errors."""
+
+    async def fails(exc: Exception) -> None:
+        raise exc
+
+    async with asyncio.TaskGroup() as children:
+        children.create_task(fails(RuntimeError("a transient fault")))
+        if params.permanent:
+            children.create_task(fails(PermanentError("the record is gone")))
+
+
 #: kit.self_cancel calls per key.
 SELF_CANCEL_CALLS: Counter[str] = Counter()
 
