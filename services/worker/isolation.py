@@ -56,6 +56,34 @@ def request(definition: TaskDefinition, payload: Any, context: TaskContext) -> b
     ).encode()
 
 
+#: The most the worker reads of a child's answer (a result of at most 1 MiB, escaped as
+#: ASCII, or a traceback): past it the child is killed, not read into the worker's memory.
+MAX_ANSWER_BYTES = 16 << 20
+
+
+class AnswerTooLarge(Exception):
+    pass
+
+
+async def _exchange(proc: asyncio.subprocess.Process, data: bytes) -> bytes:
+    """Send the request, read the answer to EOF (at most :data:`MAX_ANSWER_BYTES`), wait for
+    the process to end."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(data)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        await proc.stdin.drain()
+    proc.stdin.close()
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await proc.stdout.read(1 << 16):
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise AnswerTooLarge
+        chunks.append(chunk)
+    await proc.wait()
+    return b"".join(chunks)
+
+
 async def run_in_child(
     definition: TaskDefinition, payload: Any, context: TaskContext, timeout: float | None
 ) -> Any:
@@ -72,7 +100,16 @@ async def run_in_child(
     )
     try:
         async with asyncio.timeout(timeout):
-            out, _ = await proc.communicate(request(definition, payload, context))
+            out = await _exchange(proc, request(definition, payload, context))
+    except AnswerTooLarge:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await asyncio.shield(proc.wait())
+        raise ChildFailed(
+            f"PermanentError: the handler's answer is larger than {MAX_ANSWER_BYTES >> 20} MiB "
+            "(a result is at most 1 MiB)",
+            permanent=True,
+        ) from None
     except BaseException:
         # Timeout, cancel or shutdown: the code stops here, with the process and every
         # process it started (a subprocess of the handler's would go on, orphaned).

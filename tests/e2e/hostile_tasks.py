@@ -205,3 +205,9 @@ def overlap(params: OverlapParams, ctx: TaskContext) -> None:
         while not Path(params.release).exists() and time.monotonic() < deadline:
             time.sleep(0.01)
     note("end")
+
+
+@task("hostile.iso_huge", params=Empty, isolation="process")
+def iso_huge(params: Empty) -> dict[str, Any]:
+    """A 40 MiB result: the worker must not read it all into its memory."""
+    return {"blob": "x" * (40 << 20)}

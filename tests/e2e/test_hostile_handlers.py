@@ -232,13 +232,19 @@ async def test_isolated_handlers_end_with_their_answer_and_their_processes(
                         "max_attempts": 1,
                     },
                 )
-                rows = await wait_tasks_terminal(conn, [threaded, invalid, spawning], timeout=60)
+                # Its answer was read whole into the worker's memory before any check.
+                huge = await _submit(client, {"type": "hostile.iso_huge", "max_attempts": 2})
+                rows = await wait_tasks_terminal(
+                    conn, [threaded, invalid, spawning, huge], timeout=60
+                )
             assert (rows[threaded]["status"], rows[threaded]["result"]) == (
                 "completed",
                 {"returned": True},
             ), rows[threaded]
             assert (rows[invalid]["status"], rows[invalid]["attempts"]) == ("failed", 2)
             assert "ValidationError" in rows[invalid]["last_error"]
+            assert (rows[huge]["status"], rows[huge]["attempts"]) == ("failed", 1)
+            assert "answer is larger than 16 MiB" in rows[huge]["last_error"]
             assert rows[spawning]["status"] == "failed"
             assert "timed out" in rows[spawning]["last_error"]
             spawned = int(pidfile.read_text())
