@@ -448,6 +448,15 @@ def test_migrate_gates_the_app_services(compose: dict[str, Any]) -> None:
         assert depends_on["postgres"]["condition"] == "service_healthy", name
 
 
+def test_the_api_shuts_down_before_docker_kills_it(compose: dict[str, Any]) -> None:
+    # No stop_grace_period: Docker's 10 s default equalled uvicorn's graceful shutdown, so the
+    # lifespan's teardown after it could be SIGKILLed.
+    from taskfleet.api.server import GRACEFUL_SHUTDOWN_SECONDS
+
+    grace = parse_duration(compose["services"]["api"].get("stop_grace_period", "10s"))
+    assert grace > GRACEFUL_SHUTDOWN_SECONDS
+
+
 def test_workers_drain_before_docker_kills_them(compose: dict[str, Any]) -> None:
     worker = compose["services"]["worker"]
     drain_timeout = float(service_environment(worker).get("TASKFLEET_DRAIN_TIMEOUT", "20"))
