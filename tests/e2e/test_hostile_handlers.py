@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -35,6 +39,24 @@ POISON = {
 }
 
 
+@asynccontextmanager
+async def hostile_fleet(
+    database_url: str, *, concurrency: int = 2
+) -> AsyncIterator[tuple[Fleet, Any, asyncpg.Connection]]:
+    """An API and one worker ("w1") loading the hostile handlers, retries 10 ms apart; the
+    fleet, the worker and a database connection."""
+    async with Fleet(
+        database_url, env={**HOSTILE_MODULE_ENV, "TASKFLEET_RETRY_BASE": "0.01"}
+    ) as fleet:
+        await fleet.start_api()
+        worker = await fleet.start_worker("w1", concurrency=concurrency)
+        conn = await fleet.connect()
+        try:
+            yield fleet, worker, conn
+        finally:
+            await conn.close()
+
+
 async def _submit(client: httpx.AsyncClient, body: dict[str, object]) -> int:
     response = await client.post("/tasks", json=body)
     assert response.status_code == 201, response.text
@@ -44,78 +66,60 @@ async def _submit(client: httpx.AsyncClient, body: dict[str, object]) -> int:
 async def test_every_poison_outcome_fails_readably_and_the_next_task_runs(
     database_url: str,
 ) -> None:
-    async with Fleet(
-        database_url, env={**HOSTILE_MODULE_ENV, "TASKFLEET_RETRY_BASE": "0.01"}
-    ) as fleet:
-        await fleet.start_api()
-        worker = await fleet.start_worker("w1", concurrency=2)
-        conn = await fleet.connect()
-        try:
-            async with fleet.client() as client:
-                for kind, (attempts, words) in POISON.items():
-                    poison_id = await _submit(
-                        client,
-                        {"type": "hostile.poison", "payload": {"kind": kind}, "max_attempts": 2},
-                    )
-                    rows = await wait_tasks_terminal(conn, [poison_id], timeout=30)
-                    row = rows[poison_id]
-                    assert row["status"] == "failed", (kind, row)
-                    assert row["attempts"] == attempts, (kind, row)
-                    assert row["result"] is None, kind
-                    for word in words:
-                        assert word in row["last_error"], (kind, word, row["last_error"])
-                    # The same worker goes on: a plain task submitted after it runs.
-                    plain_id = await _submit(
-                        client, {"type": "demo.echo", "payload": {"value": kind}}
-                    )
-                    plain = (await wait_tasks_terminal(conn, [plain_id], timeout=30))[plain_id]
-                    assert plain["status"] == "completed", (kind, plain)
-                    assert plain["result"] == {"value": kind}
-                    assert plain["worker_id"] == "w1"
+    async with hostile_fleet(database_url, concurrency=2) as (fleet, worker, conn):
+        async with fleet.client() as client:
+            for kind, (attempts, words) in POISON.items():
+                poison_id = await _submit(
+                    client,
+                    {"type": "hostile.poison", "payload": {"kind": kind}, "max_attempts": 2},
+                )
+                rows = await wait_tasks_terminal(conn, [poison_id], timeout=30)
+                row = rows[poison_id]
+                assert row["status"] == "failed", (kind, row)
+                assert row["attempts"] == attempts, (kind, row)
+                assert row["result"] is None, kind
+                for word in words:
+                    assert word in row["last_error"], (kind, word, row["last_error"])
+                # The same worker goes on: a plain task submitted after it runs.
+                plain_id = await _submit(client, {"type": "demo.echo", "payload": {"value": kind}})
+                plain = (await wait_tasks_terminal(conn, [plain_id], timeout=30))[plain_id]
+                assert plain["status"] == "completed", (kind, plain)
+                assert plain["result"] == {"value": kind}
+                assert plain["worker_id"] == "w1"
 
-            async def ready() -> bool:
-                async with httpx.AsyncClient(timeout=2.0) as http:
-                    return (await http.get(f"{worker.url}/readyz")).status_code == 200
+        async def ready() -> bool:
+            async with httpx.AsyncClient(timeout=2.0) as http:
+                return (await http.get(f"{worker.url}/readyz")).status_code == 200
 
-            await eventually(ready, timeout=10)
-            assert not await conn.fetchval(
-                "SELECT count(*) FROM taskfleet.tasks WHERE status = 'running'"
-            )
-            assert all(
-                r["status"] != "running" for r in (await task_rows(conn, [poison_id])).values()
-            )
-        finally:
-            await conn.close()
+        await eventually(ready, timeout=10)
+        assert not await conn.fetchval(
+            "SELECT count(*) FROM taskfleet.tasks WHERE status = 'running'"
+        )
+        assert all(r["status"] != "running" for r in (await task_rows(conn, [poison_id])).values())
 
 
 async def test_ten_blocking_handlers_run_at_once_on_ten_slots(database_url: str) -> None:
     # Each returns only when all ten are in their threads at the same time (a barrier): with
     # a shared pool smaller than the slots, some waited for a thread while counted as running.
-    async with Fleet(database_url, env=HOSTILE_MODULE_ENV) as fleet:
-        await fleet.start_api()
-        await fleet.start_worker("w1", concurrency=10)
-        conn = await fleet.connect()
-        try:
-            async with fleet.client() as client:
-                body = {
-                    "tasks": [
-                        {
-                            "type": "hostile.barrier",
-                            "payload": {"parties": 10, "timeout": 30},
-                            "max_attempts": 1,
-                        }
-                    ]
-                    * 10
-                }
-                created = await client.post("/tasks/batch", json=body)
-                assert created.status_code == 201, created.text
-                ids = [t["id"] for t in created.json()["tasks"]]
-            rows = await wait_tasks_terminal(conn, ids, timeout=60)
-            statuses = [rows[i]["status"] for i in ids]
-            assert statuses == ["completed"] * 10, [rows[i]["last_error"] for i in ids]
-            assert len({rows[i]["result"]["thread"] for i in ids}) == 10
-        finally:
-            await conn.close()
+    async with hostile_fleet(database_url, concurrency=10) as (fleet, _worker, conn):
+        async with fleet.client() as client:
+            body = {
+                "tasks": [
+                    {
+                        "type": "hostile.barrier",
+                        "payload": {"parties": 10, "timeout": 30},
+                        "max_attempts": 1,
+                    }
+                ]
+                * 10
+            }
+            created = await client.post("/tasks/batch", json=body)
+            assert created.status_code == 201, created.text
+            ids = [t["id"] for t in created.json()["tasks"]]
+        rows = await wait_tasks_terminal(conn, ids, timeout=60)
+        statuses = [rows[i]["status"] for i in ids]
+        assert statuses == ["completed"] * 10, [rows[i]["last_error"] for i in ids]
+        assert len({rows[i]["result"]["thread"] for i in ids}) == 10
 
 
 @pytest.mark.parametrize(
@@ -171,24 +175,16 @@ async def _exists(path: Path) -> bool:
 async def test_sys_exit_in_a_blocking_handler_fails_the_attempt_not_the_worker(
     database_url: str,
 ) -> None:
-    async with Fleet(
-        database_url, env={**HOSTILE_MODULE_ENV, "TASKFLEET_RETRY_BASE": "0.01"}
-    ) as fleet:
-        await fleet.start_api()
-        worker = await fleet.start_worker("w1", concurrency=2)
-        conn = await fleet.connect()
-        try:
-            async with fleet.client() as client:
-                exiting = await _submit(client, {"type": "hostile.exit_sync", "max_attempts": 2})
-                row = (await wait_tasks_terminal(conn, [exiting], timeout=30))[exiting]
-                assert (row["status"], row["attempts"]) == ("failed", 2), row
-                assert "SystemExit: 3" in row["last_error"]
-                plain = await _submit(client, {"type": "demo.echo", "payload": {"value": "on"}})
-                done = (await wait_tasks_terminal(conn, [plain], timeout=30))[plain]
-                assert (done["status"], done["worker_id"]) == ("completed", "w1")
-            assert worker.alive()
-        finally:
-            await conn.close()
+    async with hostile_fleet(database_url, concurrency=2) as (fleet, worker, conn):
+        async with fleet.client() as client:
+            exiting = await _submit(client, {"type": "hostile.exit_sync", "max_attempts": 2})
+            row = (await wait_tasks_terminal(conn, [exiting], timeout=30))[exiting]
+            assert (row["status"], row["attempts"]) == ("failed", 2), row
+            assert "SystemExit: 3" in row["last_error"]
+            plain = await _submit(client, {"type": "demo.echo", "payload": {"value": "on"}})
+            done = (await wait_tasks_terminal(conn, [plain], timeout=30))[plain]
+            assert (done["status"], done["worker_id"]) == ("completed", "w1")
+        assert worker.alive()
 
 
 def _process_gone(pid: int) -> bool:
@@ -203,107 +199,89 @@ def _process_gone(pid: int) -> bool:
 async def test_isolated_handlers_end_with_their_answer_and_their_processes(
     database_url: str, tmp_path: Path
 ) -> None:
-    async with Fleet(
-        database_url, env={**HOSTILE_MODULE_ENV, "TASKFLEET_RETRY_BASE": "0.01"}
-    ) as fleet:
-        await fleet.start_api()
-        await fleet.start_worker("w1", concurrency=3)
-        conn = await fleet.connect()
+    async with hostile_fleet(database_url, concurrency=3) as (fleet, _worker, conn):
         pidfile = tmp_path / "spawned.pid"
-        try:
-            async with fleet.client() as client:
-                # Returned at once but left a non-daemon thread: the child waited for it, so
-                # the attempt timed out (and without a timeout hung for ever).
-                threaded = await _submit(
-                    client,
-                    {"type": "hostile.iso_thread", "timeout_seconds": 60, "max_attempts": 1},
-                )
-                # A ValidationError of the handler's own was taken for a refused payload.
-                invalid = await _submit(
-                    client, {"type": "hostile.iso_validation_error", "max_attempts": 2}
-                )
-                # Killed at its timeout, it left the process it started running, orphaned.
-                spawning = await _submit(
-                    client,
-                    {
-                        "type": "hostile.iso_spawn",
-                        "payload": {"pidfile": str(pidfile)},
-                        "timeout_seconds": 2,
-                        "max_attempts": 1,
-                    },
-                )
-                # Its answer was read whole into the worker's memory before any check.
-                huge = await _submit(client, {"type": "hostile.iso_huge", "max_attempts": 2})
-                rows = await wait_tasks_terminal(
-                    conn, [threaded, invalid, spawning, huge], timeout=60
-                )
-            assert (rows[threaded]["status"], rows[threaded]["result"]) == (
-                "completed",
-                {"returned": True},
-            ), rows[threaded]
-            assert (rows[invalid]["status"], rows[invalid]["attempts"]) == ("failed", 2)
-            assert "ValidationError" in rows[invalid]["last_error"]
-            assert (rows[huge]["status"], rows[huge]["attempts"]) == ("failed", 1)
-            assert "answer is larger than 16 MiB" in rows[huge]["last_error"]
-            assert rows[spawning]["status"] == "failed"
-            assert "timed out" in rows[spawning]["last_error"]
-            spawned = int(pidfile.read_text())
+        async with fleet.client() as client:
+            # Returned at once but left a non-daemon thread: the child waited for it, so
+            # the attempt timed out (and without a timeout hung for ever).
+            threaded = await _submit(
+                client,
+                {"type": "hostile.iso_thread", "timeout_seconds": 60, "max_attempts": 1},
+            )
+            # A ValidationError of the handler's own was taken for a refused payload.
+            invalid = await _submit(
+                client, {"type": "hostile.iso_validation_error", "max_attempts": 2}
+            )
+            # Killed at its timeout, it left the process it started running, orphaned.
+            spawning = await _submit(
+                client,
+                {
+                    "type": "hostile.iso_spawn",
+                    "payload": {"pidfile": str(pidfile)},
+                    "timeout_seconds": 2,
+                    "max_attempts": 1,
+                },
+            )
+            # Its answer was read whole into the worker's memory before any check.
+            huge = await _submit(client, {"type": "hostile.iso_huge", "max_attempts": 2})
+            rows = await wait_tasks_terminal(conn, [threaded, invalid, spawning, huge], timeout=60)
+        assert (rows[threaded]["status"], rows[threaded]["result"]) == (
+            "completed",
+            {"returned": True},
+        ), rows[threaded]
+        assert (rows[invalid]["status"], rows[invalid]["attempts"]) == ("failed", 2)
+        assert "ValidationError" in rows[invalid]["last_error"]
+        assert (rows[huge]["status"], rows[huge]["attempts"]) == ("failed", 1)
+        assert "answer is larger than 16 MiB" in rows[huge]["last_error"]
+        assert rows[spawning]["status"] == "failed"
+        assert "timed out" in rows[spawning]["last_error"]
+        spawned = int(pidfile.read_text())
 
-            async def gone() -> bool:
-                return _process_gone(spawned)
+        async def gone() -> bool:
+            return _process_gone(spawned)
 
-            await eventually(gone, timeout=10)
-        finally:
-            await conn.close()
+        await eventually(gone, timeout=10)
 
 
 async def test_a_blocking_handler_past_its_timeout_is_not_retried_while_it_still_runs(
     database_url: str, tmp_path: Path
 ) -> None:
     log, release = tmp_path / "events.log", tmp_path / "release"
-    async with Fleet(
-        database_url, env={**HOSTILE_MODULE_ENV, "TASKFLEET_RETRY_BASE": "0.01"}
-    ) as fleet:
-        await fleet.start_api()
-        await fleet.start_worker("w1", concurrency=2)
-        conn = await fleet.connect()
-        try:
-            async with fleet.client() as client:
-                task_id = await _submit(
-                    client,
-                    {
-                        "type": "hostile.overlap",
-                        "payload": {"log": str(log), "release": str(release)},
-                        "timeout_seconds": 0.5,
-                        "max_attempts": 2,
-                    },
-                )
+    async with hostile_fleet(database_url, concurrency=2) as (fleet, _worker, conn):
+        async with fleet.client() as client:
+            task_id = await _submit(
+                client,
+                {
+                    "type": "hostile.overlap",
+                    "payload": {"log": str(log), "release": str(release)},
+                    "timeout_seconds": 0.5,
+                    "max_attempts": 2,
+                },
+            )
 
-            async def timed_out() -> bool:
-                return log.exists() and "timed out 1" in log.read_text()
+        async def timed_out() -> bool:
+            return log.exists() and "timed out 1" in log.read_text()
 
-            await eventually(timed_out, timeout=30)
+        await eventually(timed_out, timeout=30)
 
-            # Its retry went out at once, and attempt 2 started beside the running thread.
-            async def second_attempt() -> bool:
-                return bool((await task_rows(conn, [task_id]))[task_id]["attempts"] >= 2)
+        # Its retry went out at once, and attempt 2 started beside the running thread.
+        async def second_attempt() -> bool:
+            return bool((await task_rows(conn, [task_id]))[task_id]["attempts"] >= 2)
 
-            with pytest.raises(TimeoutError):
-                await eventually(second_attempt, timeout=3)
-            row = (await task_rows(conn, [task_id]))[task_id]
-            assert (row["status"], row["attempts"]) == ("running", 1)
-            release.touch()
-            done = (await wait_tasks_terminal(conn, [task_id], timeout=30))[task_id]
-            assert (done["status"], done["attempts"]) == ("completed", 2), done
-            assert log.read_text().split("\n")[:-1] == [
-                "start 1",
-                "timed out 1",
-                "end 1",
-                "start 2",
-                "end 2",
-            ]
-        finally:
-            await conn.close()
+        with pytest.raises(TimeoutError):
+            await eventually(second_attempt, timeout=3)
+        row = (await task_rows(conn, [task_id]))[task_id]
+        assert (row["status"], row["attempts"]) == ("running", 1)
+        release.touch()
+        done = (await wait_tasks_terminal(conn, [task_id], timeout=30))[task_id]
+        assert (done["status"], done["attempts"]) == ("completed", 2), done
+        assert log.read_text().split("\n")[:-1] == [
+            "start 1",
+            "timed out 1",
+            "end 1",
+            "start 2",
+            "end 2",
+        ]
 
 
 async def test_an_async_handler_deaf_to_its_cancel_still_times_out(
@@ -313,10 +291,7 @@ async def test_an_async_handler_deaf_to_its_cancel_still_times_out(
     # holding its slot. Now the attempt ends as timed out at the timeout; the handler keeps its
     # slot until it really ends.
     release, started = tmp_path / "release", tmp_path / "started"
-    async with Fleet(database_url, env=HOSTILE_MODULE_ENV) as fleet:
-        await fleet.start_api()
-        await fleet.start_worker("w1", concurrency=2)
-        conn = await fleet.connect()
+    async with hostile_fleet(database_url, concurrency=2) as (fleet, _worker, conn):
         try:
             async with fleet.client() as client:
                 deaf = await _submit(
@@ -337,4 +312,3 @@ async def test_an_async_handler_deaf_to_its_cancel_still_times_out(
                 assert done["status"] == "completed"
         finally:
             release.touch()
-            await conn.close()
