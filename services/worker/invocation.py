@@ -98,6 +98,14 @@ async def _bounded(
         finally:
             if not inner.done():
                 running.thread = inner
+        if inner.done() and not inner.cancelled():
+            # It ended on its own terms despite the cancel (finished its work, or failed): that
+            # is the attempt's outcome, as when it ran inline; given back as interrupted, a task
+            # that completed would run again.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return inner.result()
         raise
     if inner.done():
         return inner.result()  # what it returned or raised (its own CancelledError too)
