@@ -237,6 +237,8 @@ class Client:
         after: str | None = None
         while True:
             page = self._send(_calls.list_schedules(after))["schedules"]
+            if page and found and page[0]["name"] == found[0].name:
+                return found  # an API without ``after`` answered the first page again
             found.extend(Schedule.model_validate(s) for s in page)
             if len(page) < _calls.SCHEDULE_PAGE:
                 return found
@@ -445,6 +447,8 @@ class AsyncClient:
         after: str | None = None
         while True:
             page = (await self._send(_calls.list_schedules(after)))["schedules"]
+            if page and found and page[0]["name"] == found[0].name:
+                return found  # an API without ``after`` answered the first page again
             found.extend(Schedule.model_validate(s) for s in page)
             if len(page) < _calls.SCHEDULE_PAGE:
                 return found

@@ -68,6 +68,8 @@ class Executor:
         self._run_control = run_control
         self._on_control_slot_freed = on_control_slot_freed
         self._clock = clock
+        #: Retries held back until the attempt's code has ended, by the Running's identity.
+        self._deferred: dict[int, Outcome] = {}
 
     def start(self, running: Running, payload: Any, *, cancel_requested: bool) -> None:
         """Take a slot for ``running`` and run its attempt in a coroutine of its own."""
@@ -81,7 +83,20 @@ class Executor:
     def cancel(self, task_id: int, reason: str) -> None:
         """Interrupt every attempt of ``task_id`` running here (a cancel request)."""
         for running in self._slots.of_task(task_id):
-            if running.cancel_reason is None:
+            if reason == "user" and self._deferred.pop(id(running), None) is not None:
+                # Its attempt ended (timed out) but its code still runs, holding back the
+                # retry: a cancelled task never runs again, so the cancel is written now.
+                running.cancel_reason = reason
+                self._outcomes.put(
+                    Outcome(
+                        running.id,
+                        running.attempts,
+                        TaskStatus.CANCELLED.value,
+                        error="cancelled",
+                        type=running.type,
+                    )
+                )
+            elif running.cancel_reason is None:
                 self._interrupt(running, reason)
 
     def interrupt_all(self) -> int:
@@ -139,10 +154,17 @@ class Executor:
             # A retry while its thread still runs would let the next attempt (here or on
             # another worker) run beside it: the task stays ours, running, until the thread
             # returns. (If this process exits first, its lease expires and the sweep returns it.)
+            # A cancel meanwhile replaces it (cancel()).
             assert running.thread is not None
-            running.thread.add_done_callback(lambda _: self._outcomes.put(outcome))
+            self._deferred[id(running)] = outcome
+            running.thread.add_done_callback(lambda _: self._put_deferred(running))
             return
         self._outcomes.put(outcome)
+
+    def _put_deferred(self, running: Running) -> None:
+        outcome = self._deferred.pop(id(running), None)
+        if outcome is not None:
+            self._outcomes.put(outcome)
 
     def _interrupted(self, running: Running) -> Outcome | None:
         """The outcome of an attempt interrupted by a cancel request or the drain timeout."""

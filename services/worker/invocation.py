@@ -75,10 +75,19 @@ class HandlerRunner:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-#: After a cancel from outside (a cancel request, the drain), how long to wait for an async
-#: handler to end before leaving it running on its slot: a handler that ends in time is given
-#: back at a drain; one that does not keeps its task until it ends or the process exits.
-CANCEL_GRACE = 1.0
+class HandlerExited(Exception):
+    """The handler raised ``SystemExit`` or ``KeyboardInterrupt`` (``sys.exit()``): in a task of
+    its own that would leave the event loop and end the worker, so it is carried out as this."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"{type(exc).__name__}: {exc}")
+
+
+async def _contained(coro: Any) -> Any:
+    try:
+        return await coro
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise HandlerExited(exc) from exc
 
 
 async def _bounded(
@@ -87,22 +96,27 @@ async def _bounded(
     """An async handler with a timeout, in a task of its own: at the timeout it is cancelled and
     the attempt ends as timed out even if it swallows the cancel (it stayed ``running`` for
     ever). One that goes on keeps its slot until it ends (``Running.thread``, as a blocking
-    handler's thread does), and its retry waits for that."""
-    inner = asyncio.ensure_future(coro)
+    handler's thread does), and its retry waits for that. A cancel from outside (a cancel
+    request, the drain) is passed on, every time, and the attempt waits for the handler as it
+    did running inline: what the handler ends with is the outcome, and one that never ends is
+    the drain's to abandon."""
+    inner = asyncio.ensure_future(_contained(coro))
     try:
         await asyncio.wait({inner}, timeout=timeout)
     except asyncio.CancelledError:
+        task = asyncio.current_task()
         inner.cancel()
-        try:
-            await asyncio.wait({inner}, timeout=CANCEL_GRACE)
-        finally:
-            if not inner.done():
-                running.thread = inner
-        if inner.done() and not inner.cancelled():
+        while not inner.done():
+            try:
+                await asyncio.wait({inner})
+            except asyncio.CancelledError:
+                inner.cancel()  # the drain cancels again: so does the handler's task
+                if task is not None:
+                    task.uncancel()  # one cancel is re-raised below, not each
+        if not inner.cancelled():
             # It ended on its own terms despite the cancel (finished its work, or failed): that
-            # is the attempt's outcome, as when it ran inline; given back as interrupted, a task
-            # that completed would run again.
-            task = asyncio.current_task()
+            # is the attempt's outcome; given back as interrupted, a task that completed would
+            # run again.
             if task is not None:
                 task.uncancel()
             return inner.result()

@@ -57,6 +57,9 @@ def main() -> None:
         # handler raises itself is an error like any other, retried: below.)
         _answer(answer_fd, _failure(exc, permanent=True))
         return
+    except Exception as exc:  # the handler or its model could not be imported, say
+        _answer(answer_fd, _failure(exc, permanent=False))
+        return
     try:
         fields = request["context"]
         left = fields.pop("time_left")

@@ -58,11 +58,15 @@ SlotKey = tuple[int, int]
 
 
 class Slots:
-    """Running attempts by (task id, attempt), with per-lane counts kept alongside."""
+    """Running attempts, with per-lane counts kept alongside. Each attempt is its own entry,
+    even when two share a (task id, attempt): a task retried from attempt 0 (``POST
+    /tasks/{id}/retry``) while an earlier attempt's code still runs here, past its timeout or
+    its cancel, is claimed again as attempt 1 beside it."""
 
     def __init__(self, concurrency: int, metrics: WorkerMetrics) -> None:
         self.concurrency = concurrency
-        self._running: dict[SlotKey, Running] = {}
+        #: By the Running's identity (it is in the dict while it lives).
+        self._running: dict[int, Running] = {}
         self._lane_counts: Counter[Lane] = Counter({lane: 0 for lane in Lane})
         #: Set whenever a slot frees (the claim loop waits on it when every slot is busy).
         self.freed = Flag()
@@ -73,27 +77,27 @@ class Slots:
         metrics.concurrency.set(concurrency)
 
     def add(self, running: Running) -> None:
-        self._running[running.key] = running
-        self._lane_counts[running.lane] += 1
+        if self._running.setdefault(id(running), running) is running:
+            self._lane_counts[running.lane] += 1
 
     def remove(self, running: Running) -> bool:
         """Free ``running``'s slot; False when it was not held."""
-        held = self._running.get(running.key) is running
+        held = self._running.pop(id(running), None) is running
         if held:
-            del self._running[running.key]
             self._lane_counts[running.lane] -= 1
         self.freed.set()
         return held
 
     def of_task(self, task_id: int) -> list[Running]:
         """Every attempt of ``task_id`` running here (usually one)."""
-        return [r for key, r in self._running.items() if key[0] == task_id]
+        return [r for r in self._running.values() if r.id == task_id]
 
     def all(self) -> list[Running]:
         return list(self._running.values())
 
     def held(self) -> list[SlotKey]:
-        return list(self._running)
+        """(task id, attempt) of every attempt held (the heartbeat vouches for them)."""
+        return [r.key for r in self._running.values()]
 
     @property
     def threads_running(self) -> int:

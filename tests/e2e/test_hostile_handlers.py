@@ -312,3 +312,36 @@ async def test_an_async_handler_deaf_to_its_cancel_still_times_out(
                 assert done["status"] == "completed"
         finally:
             release.touch()
+
+
+async def test_a_cancel_reaches_a_task_whose_timed_out_code_still_runs(
+    database_url: str, tmp_path: Path
+) -> None:
+    # Its retry is held back until the thread returns; a cancel meanwhile did nothing until
+    # then (for ever, for a handler that never returns). A cancelled task never runs again, so
+    # the cancel is written at once.
+    log, release = tmp_path / "events.log", tmp_path / "release"
+    async with hostile_fleet(database_url) as (fleet, _worker, conn):
+        try:
+            async with fleet.client() as client:
+                task_id = await _submit(
+                    client,
+                    {
+                        "type": "hostile.overlap",
+                        "payload": {"log": str(log), "release": str(release)},
+                        "timeout_seconds": 0.5,
+                        "max_attempts": 3,
+                    },
+                )
+
+                async def timed_out() -> bool:
+                    return log.exists() and "timed out 1" in log.read_text()
+
+                await eventually(timed_out, timeout=30)
+                cancelled = await client.post(f"/tasks/{task_id}/cancel")
+                assert cancelled.status_code == 200, cancelled.text
+            row = (await wait_tasks_terminal(conn, [task_id], timeout=30))[task_id]
+            assert (row["status"], row["attempts"]) == ("cancelled", 1), row
+            assert "end 1" not in log.read_text()  # its code still runs
+        finally:
+            release.touch()
