@@ -253,10 +253,17 @@ task_get = _query(
     f"SELECT {_TASK_COLUMNS} FROM taskfleet.tasks t WHERE t.id = CAST(:id AS bigint)",
 )
 
+# Without the bodies (:bodies false) the payload and result are not even read (no TOAST fetch):
+# the console's list shows neither, and a page of large ones weighed tens of megabytes.
+_TASK_LIST_COLUMNS = _TASK_COLUMNS.replace(
+    "t.payload,", "CASE WHEN CAST(:bodies AS boolean) THEN t.payload END AS payload,"
+).replace("t.result,", "CASE WHEN CAST(:bodies AS boolean) THEN t.result END AS result,")
+assert _TASK_LIST_COLUMNS.count("CAST(:bodies AS boolean)") == 2
+
 task_list = _query(
     "task_list",
     f"""
-    SELECT {_TASK_COLUMNS} FROM taskfleet.tasks t
+    SELECT {_TASK_LIST_COLUMNS} FROM taskfleet.tasks t
     WHERE (CAST(:status AS text) IS NULL OR t.status = CAST(:status AS text))
       AND (CAST(:type AS text) IS NULL OR t.type = CAST(:type AS text))
       AND (CAST(:label AS text) IS NULL OR t.labels @> ARRAY[CAST(:label AS text)])

@@ -213,9 +213,17 @@ async def list_tasks(
         int | None,
         Query(ge=1, le=MAX_BIGINT, description="next_cursor of the previous page."),
     ] = None,
+    bodies: Annotated[
+        bool,
+        Query(
+            description="false: each task's payload and result are null, not even read (a "
+            "listing that shows neither, such as the console's, of tasks with large ones)."
+        ),
+    ] = True,
 ) -> dict[str, Any]:
     rows = await database.fetch_all(
         q.task_list,
+        bodies=bodies,
         status=status_.value if status_ is not None else None,
         type=type_,
         label=label,

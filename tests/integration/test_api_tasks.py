@@ -7,6 +7,7 @@ transport. Rows are inspected with plain SQL on a separate connection.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -197,6 +198,32 @@ async def test_list_is_newest_first_with_keyset_paging(client: httpx.AsyncClient
 
     assert seen == list(reversed(ids))
     assert pages == 3  # 2 + 2 + 1, and the last page says it is the last
+
+
+async def test_a_list_without_bodies_leaves_out_payloads_and_results(
+    client: httpx.AsyncClient, conn: asyncpg.Connection
+) -> None:
+    # The console's task list showed neither, yet fetched both every 5 s: 62 MB a refresh for
+    # 50 tasks of 250 KB payloads and 1 MB results.
+    big = "x" * 200_000
+    task_id = (await submit(client, payload={"value": big}))["id"]
+    await conn.execute(
+        "UPDATE taskfleet.tasks SET status = 'completed', result = $2::jsonb WHERE id = $1",
+        task_id,
+        json.dumps({"blob": big}),
+    )
+    full = (await client.get("/tasks")).json()["tasks"][0]
+    assert (full["payload"], full["result"]) == ({"value": big}, {"blob": big})
+    response = await client.get("/tasks", params={"bodies": "false"})
+    assert response.status_code == 200
+    (light,) = response.json()["tasks"]
+    assert (light["id"], light["status"], light["payload"], light["result"]) == (
+        task_id,
+        "completed",
+        None,
+        None,
+    )
+    assert len(response.content) < 2_000
 
 
 async def test_list_exact_multiple_of_the_limit_has_no_empty_last_page(

@@ -67,8 +67,8 @@ test("the fleet summary adds up the alive workers' slots and strict caps", () =>
 });
 
 test("the list query carries the filters, the cursor and the page size", () => {
-  assert.equal(listQuery({ status: "failed", label: "a", cursor: "17", view: "x" }, 50).toString(), "status=failed&label=a&cursor=17&limit=50");
-  assert.equal(listQuery({}).toString(), "limit=50");
+  assert.equal(listQuery({ status: "failed", label: "a", cursor: "17", view: "x" }, 50).toString(), "status=failed&label=a&cursor=17&limit=50&bodies=false");
+  assert.equal(listQuery({}).toString(), "limit=50&bodies=false");
 });
 
 test("a bulk filter narrows when it can, says all only when nothing else does", () => {

@@ -82,6 +82,8 @@ export function listQuery(params, limit = 50) {
   for (const key of LIST_FILTERS) if (params[key]) query.set(key, params[key]);
   if (params.cursor) query.set("cursor", params.cursor);
   query.set("limit", String(limit));
+  // The list shows neither payloads nor results: a page of large ones weighed megabytes.
+  query.set("bodies", "false");
   return query;
 }
 
