@@ -157,6 +157,14 @@ async function showView() {
     },
     /** Call fn every `ms` while this view is shown and the tab is visible. */
     every(ms, fn) {
+      // Each timer's id leaves the set when it fires: a page left open for days kept them all.
+      const later = () => {
+        const timer = setTimeout(() => {
+          timers.delete(timer);
+          tick();
+        }, ms);
+        timers.add(timer);
+      };
       const tick = async () => {
         if (controller.signal.aborted) return;
         if (!document.hidden) {
@@ -167,9 +175,9 @@ async function showView() {
             if (!reportAuthFailure(error)) replace(status, notice(`Could not refresh: ${error.message}`, "error"));
           }
         }
-        if (!controller.signal.aborted) timers.add(setTimeout(tick, ms));
+        if (!controller.signal.aborted) later();
       };
-      timers.add(setTimeout(tick, ms));
+      later();
     },
   };
   try {

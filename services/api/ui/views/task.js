@@ -6,6 +6,7 @@ import { formatAgo, formatJson, formatTime } from "../format.js";
 import { laneOf } from "../model.js";
 
 const REFRESH_MS = 3000;
+const FINISHED_REFRESH_MS = 30000;
 
 function when(iso, now) {
   return iso ? `${formatTime(iso)} (${formatAgo(iso, now)})` : "—";
@@ -55,8 +56,12 @@ export default {
       }
       await draw();
     };
+    let finished = false;
+    let drawnAt = 0;
     const draw = async () => {
       const task = await ctx.api.get(`/tasks/${id}`);
+      drawnAt = Date.now();
+      finished = ["completed", "failed", "cancelled"].includes(task.status);
       if (!ctx.live) return;
       const now = Date.now();
       const buttons = [];
@@ -78,7 +83,13 @@ export default {
         block("Last error", task.last_error || "—", task.last_error ? "error-text" : null),
       );
     };
+    const refresh = async () => {
+      // A finished task changes only if someone retries it: its payload and result (up to
+      // about 1.25 MB) are fetched again every FINISHED_REFRESH_MS, not every REFRESH_MS.
+      if (finished && Date.now() - drawnAt < FINISHED_REFRESH_MS) return;
+      await draw();
+    };
     await draw();
-    ctx.every(REFRESH_MS, draw);
+    ctx.every(REFRESH_MS, refresh);
   },
 };
