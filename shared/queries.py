@@ -1631,20 +1631,27 @@ schedule_delete = _query(
     "DELETE FROM taskfleet.schedules s WHERE s.name = CAST(:name AS text) RETURNING s.name",
 )
 
+# Not a schedule this worker found it cannot fire (its stored timing no longer parses), at the
+# revision it found so: those stay due for ever, and would fill every batch ahead of the rest.
+_NOT_BROKEN = """NOT EXISTS (
+            SELECT 1 FROM unnest(CAST(:broken_names AS text[]),
+                                 CAST(:broken_revisions AS bigint[])) AS b(name, revision)
+            WHERE b.name = s.name AND b.revision = s.revision)"""
+
 schedule_due = _query(
     "schedule_due",
     # One row always (the database's clock, and the seconds until the earliest next_run_at),
     # joined with the schedules due now, if any, earliest first.
-    """
+    f"""
     SELECT w.db_now, w.wait_seconds, d.name, d.cron, d.every, d.timezone, d.next_run_at,
            d.revision, d.priority
     FROM (SELECT now() AS db_now,
                  CAST(EXTRACT(EPOCH FROM min(s.next_run_at) - now()) AS float8) AS wait_seconds
-          FROM taskfleet.schedules s) AS w
+          FROM taskfleet.schedules s WHERE {_NOT_BROKEN}) AS w
     LEFT JOIN LATERAL (
         SELECT s.name, s.cron, s.every, s.timezone, s.next_run_at, s.revision, s.priority
         FROM taskfleet.schedules s
-        WHERE s.next_run_at <= w.db_now
+        WHERE s.next_run_at <= w.db_now AND {_NOT_BROKEN}
         ORDER BY s.next_run_at, s.name
         LIMIT CAST(:limit AS int)
     ) AS d ON true

@@ -143,7 +143,13 @@ class Scheduler:
 
     async def fire_due(self) -> float | None:
         """Fire every due schedule; the seconds until the next look (None: no schedule)."""
-        rows = await self._db.fetch(queries.schedule_due, limit=DUE_BATCH)
+        broken = sorted(self._broken)
+        rows = await self._db.fetch(
+            queries.schedule_due,
+            limit=DUE_BATCH,
+            broken_names=[name for name, _ in broken],
+            broken_revisions=[revision for _, revision in broken],
+        )
         head = rows[0]
         due = [row for row in rows if row["name"] is not None]
         fired_any = False

@@ -25,7 +25,7 @@ from taskfleet.api.app import create_app
 from taskfleet.shared.metrics import WorkerMetrics
 from taskfleet.shared.registry import TaskParams, TaskRegistry, load_registry
 from taskfleet.worker.database import Database
-from taskfleet.worker.scheduler import Scheduler
+from taskfleet.worker.scheduler import DUE_BATCH, Scheduler
 from tests.integration.conftest import count_tasks
 from tests.integration.test_api_tasks import ADMIN, AS_SUBMIT, api_settings, started_client
 from tests.integration.workerkit import build_worker, start, wait_until
@@ -448,3 +448,28 @@ async def test_the_list_pages_by_name_and_the_client_reads_every_page(
         "http://api", token=ADMIN, transport=client._transport
     ) as python_client:
         assert [s.name for s in await python_client.schedules()] == names
+
+
+async def test_a_full_batch_of_schedules_that_cannot_fire_does_not_starve_the_rest(
+    client: httpx.AsyncClient, conn: asyncpg.Connection, database_url: str
+) -> None:
+    # Stored timings that no longer parse (a zone since refused) stay due for ever. With a whole
+    # batch of them ahead, the scheduler looked again at once, in a loop, and never reached a
+    # valid schedule behind them.
+    assert (await put(client, "valid", every="1h")).status_code == 201
+    for i in range(DUE_BATCH):
+        assert (await put(client, f"broken-{i:03d}", every="1h")).status_code == 201
+    await conn.execute(
+        "UPDATE taskfleet.schedules SET cron = '0 * * * *', every = NULL, timezone = 'localtime',"
+        " next_run_at = now() - interval '2 hours' WHERE name LIKE 'broken-%'"
+    )
+    await conn.execute(
+        "UPDATE taskfleet.schedules SET next_run_at = now() - interval '1 hour'"
+        " WHERE name = 'valid'"
+    )
+    firing = scheduler(database_url)
+    waits = [await firing.fire_due() for _ in range(3)]
+    assert firing.fired == 1
+    assert len(await slots_of(conn, "valid")) == 1
+    # Then it waits for the valid schedule's next slot, not 0 s.
+    assert waits[-1] is not None and waits[-1] > 60
