@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from taskfleet.errors import ApiError, InvalidRequest, error_from_detail
-from taskfleet.models import ScheduleFields, TaskFields, TaskFilter, TaskSpec
+from taskfleet.models import Schedule, ScheduleFields, TaskFields, TaskFilter, TaskSpec
 
 #: Seconds to connect, write, or wait for a pool slot.
 CONNECT_TIMEOUT = 10.0
@@ -218,6 +218,16 @@ def list_schedules(after: str | None) -> Call:
     if after is not None:
         params["after"] = after
     return Call("GET", "/schedules", params=params, idempotent=True)
+
+
+def add_schedule_page(found: list[Schedule], doc: Any) -> str | None:
+    """Add a ``GET /schedules`` answer to ``found``; the ``after`` of the next page, or None
+    when this was the last one."""
+    page = doc["schedules"]
+    if page and found and page[0]["name"] == found[0].name:
+        return None  # an API without ``after`` answered the first page again
+    found.extend(Schedule.model_validate(s) for s in page)
+    return found[-1].name if len(page) == SCHEDULE_PAGE else None
 
 
 def _schedule_path(name: str) -> str:

@@ -236,13 +236,9 @@ class Client:
         found: builtins.list[Schedule] = []
         after: str | None = None
         while True:
-            page = self._send(_calls.list_schedules(after))["schedules"]
-            if page and found and page[0]["name"] == found[0].name:
-                return found  # an API without ``after`` answered the first page again
-            found.extend(Schedule.model_validate(s) for s in page)
-            if len(page) < _calls.SCHEDULE_PAGE:
+            after = _calls.add_schedule_page(found, self._send(_calls.list_schedules(after)))
+            if after is None:
                 return found
-            after = found[-1].name
 
     def schedule(self, name: str) -> Schedule:
         """One schedule (``NotFound`` if there is none)."""
@@ -446,13 +442,10 @@ class AsyncClient:
         found: builtins.list[Schedule] = []
         after: str | None = None
         while True:
-            page = (await self._send(_calls.list_schedules(after)))["schedules"]
-            if page and found and page[0]["name"] == found[0].name:
-                return found  # an API without ``after`` answered the first page again
-            found.extend(Schedule.model_validate(s) for s in page)
-            if len(page) < _calls.SCHEDULE_PAGE:
+            doc = await self._send(_calls.list_schedules(after))
+            after = _calls.add_schedule_page(found, doc)
+            if after is None:
                 return found
-            after = found[-1].name
 
     async def schedule(self, name: str) -> Schedule:
         """One schedule (``NotFound`` if there is none)."""

@@ -243,26 +243,35 @@ async def test_isolated_handlers_end_with_their_answer_and_their_processes(
         await eventually(gone, timeout=10)
 
 
+async def _overlap_past_its_timeout(
+    client: httpx.AsyncClient, log: Path, release: Path, *, max_attempts: int
+) -> int:
+    """A hostile.overlap task with a 0.5 s timeout, once its first attempt has timed out (its
+    thread goes on until ``release`` exists); its id."""
+    task_id = await _submit(
+        client,
+        {
+            "type": "hostile.overlap",
+            "payload": {"log": str(log), "release": str(release)},
+            "timeout_seconds": 0.5,
+            "max_attempts": max_attempts,
+        },
+    )
+
+    async def timed_out() -> bool:
+        return log.exists() and "timed out 1" in log.read_text()  # noqa: ASYNC240 - tiny, local
+
+    await eventually(timed_out, timeout=30)
+    return task_id
+
+
 async def test_a_blocking_handler_past_its_timeout_is_not_retried_while_it_still_runs(
     database_url: str, tmp_path: Path
 ) -> None:
     log, release = tmp_path / "events.log", tmp_path / "release"
     async with hostile_fleet(database_url, concurrency=2) as (fleet, _worker, conn):
         async with fleet.client() as client:
-            task_id = await _submit(
-                client,
-                {
-                    "type": "hostile.overlap",
-                    "payload": {"log": str(log), "release": str(release)},
-                    "timeout_seconds": 0.5,
-                    "max_attempts": 2,
-                },
-            )
-
-        async def timed_out() -> bool:
-            return log.exists() and "timed out 1" in log.read_text()
-
-        await eventually(timed_out, timeout=30)
+            task_id = await _overlap_past_its_timeout(client, log, release, max_attempts=2)
 
         # Its retry went out at once, and attempt 2 started beside the running thread.
         async def second_attempt() -> bool:
@@ -324,20 +333,7 @@ async def test_a_cancel_reaches_a_task_whose_timed_out_code_still_runs(
     async with hostile_fleet(database_url) as (fleet, _worker, conn):
         try:
             async with fleet.client() as client:
-                task_id = await _submit(
-                    client,
-                    {
-                        "type": "hostile.overlap",
-                        "payload": {"log": str(log), "release": str(release)},
-                        "timeout_seconds": 0.5,
-                        "max_attempts": 3,
-                    },
-                )
-
-                async def timed_out() -> bool:
-                    return log.exists() and "timed out 1" in log.read_text()
-
-                await eventually(timed_out, timeout=30)
+                task_id = await _overlap_past_its_timeout(client, log, release, max_attempts=3)
                 cancelled = await client.post(f"/tasks/{task_id}/cancel")
                 assert cancelled.status_code == 200, cancelled.text
             row = (await wait_tasks_terminal(conn, [task_id], timeout=30))[task_id]
