@@ -88,6 +88,7 @@ class WorkerMetrics:
     schedule_runs: Counter
     pruned: Counter
     excluded_workers: Counter
+    vacuums: Counter
     #: Labelled series already looked up, by (metric, label values): see :meth:`series`.
     _series: dict[tuple[object, ...], object] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -240,6 +241,12 @@ class WorkerMetrics:
                 registry=r,
             ),
             pruned=_pruned_counter(r),
+            vacuums=Counter(
+                "taskfleet_worker_vacuums",
+                "VACUUMs of taskfleet.tasks this worker ran to clear the dead index entries the "
+                "claims walk (TASKFLEET_VACUUM_DEAD_ROWS).",
+                registry=r,
+            ),
             excluded_workers=Counter(
                 "taskfleet_runtime_config_excluded_workers",
                 "Workers left out of a decided runtime config change, by reason (heartbeat "

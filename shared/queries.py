@@ -1208,6 +1208,42 @@ runtime_config_prune = _query(
 )
 
 # --------------------------------------------------------------------------------------------
+# The claim index's dead head: a busy worker vacuums the tasks table (services/worker/vacuum.py,
+# the rule in shared/policy/vacuum.py).
+# --------------------------------------------------------------------------------------------
+
+tasks_vacuum_state = _query(
+    "tasks_vacuum_state",
+    """
+    -- The table's statistics (as of the backends' last report, about a second old) and whether
+    -- a vacuum of it runs now (autovacuum's or another worker's).
+    SELECT s.n_dead_tup AS dead, s.n_live_tup AS live,
+           EXISTS (SELECT 1 FROM pg_stat_progress_vacuum p WHERE p.relid = s.relid) AS running
+    FROM pg_stat_user_tables s
+    WHERE s.relid = CAST('taskfleet.tasks' AS regclass)
+    """,
+)
+
+tasks_vacuum_allowed = _query(
+    "tasks_vacuum_allowed",
+    """
+    -- May this session's role vacuum the table? VACUUM by anyone but a superuser, the table's
+    -- owner or the database's owner only warns and does nothing.
+    SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE')
+           OR COALESCE((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user), false)
+           AS allowed
+    FROM pg_class c JOIN pg_database d ON d.datname = current_database()
+    WHERE c.oid = CAST('taskfleet.tasks' AS regclass)
+    """,
+)
+
+#: Not a Query: VACUUM takes no parameters and cannot run in a transaction block (so neither in
+#: a pooler's SET LOCAL wrapper nor in a server-side function). INDEX_CLEANUP ON: the index
+#: entries are what the claims walk (the default may skip the indexes when few heap pages hold
+#: dead rows). SKIP_LOCKED: never waits behind another vacuum or a migration's lock.
+TASKS_VACUUM = "VACUUM (INDEX_CLEANUP ON, SKIP_LOCKED) taskfleet.tasks"
+
+# --------------------------------------------------------------------------------------------
 # Workers
 # --------------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from taskfleet.shared.db import DatabaseURL, libpq_refusal
 from taskfleet.shared.logs import LOG_LEVELS, LogFormat
 from taskfleet.shared.policy.retention import RetentionPolicy, parse_retention
+from taskfleet.shared.policy.vacuum import DEFAULT_MIN_DEAD_ROWS, VacuumPolicy
 
 #: Seconds to keep a kind of row, or None (``never``); read from ``2s``, ``15m``, ``24h``, ``7d``.
 Retention = Annotated[float | None, BeforeValidator(parse_retention)]
@@ -163,6 +164,16 @@ class WorkerSettings(CommonSettings):
         "kept after its last heartbeat (default 24h), or never.",
     )
 
+    vacuum_dead_rows: int = Field(
+        default=DEFAULT_MIN_DEAD_ROWS,
+        ge=0,
+        description="A busy worker runs VACUUM on taskfleet.tasks once this many dead row "
+        "versions (and at least 5% of its live rows) have piled up (default 10000): the claims "
+        "walk their index entries, so without it a deep backlog drains slower and slower until "
+        "autovacuum comes by. 0 leaves the table to autovacuum alone. Needs the table's or the "
+        "database's owner (as the migrations do).",
+    )
+
     @model_validator(mode="after")
     def _pooler_has_a_listen_url(self) -> WorkerSettings:
         if self.database_pooler == "transaction" and self.listen_database_url is None:
@@ -212,6 +223,10 @@ class WorkerSettings(CommonSettings):
             failed=self.retention_failed,
             workers=self.retention_workers,
         )
+
+    @property
+    def vacuum(self) -> VacuumPolicy:
+        return VacuumPolicy(min_dead_rows=self.vacuum_dead_rows)
 
     def resolved_worker_id(self) -> str:
         if self.worker_id:

@@ -56,8 +56,11 @@ class ClaimLoop:
         types: list[str],
         stop: asyncio.Event,
         clock: Callable[[], float] = time.monotonic,
+        on_claimed: Callable[[int], None] | None = None,
     ) -> None:
         self._settings = settings
+        #: Told how many tasks each claim took (the vacuum's counter; see vacuum.py).
+        self._on_claimed = on_claimed
         self._worker_id = worker_id
         self._db = database
         self._planner = planner
@@ -317,6 +320,8 @@ class ClaimLoop:
                     metrics.claims, lane.value, group_name(group) if lane is Lane.NORMAL else ""
                 ).inc(n)
             metrics.series(metrics.claim_queries, "claimed" if claimed else "empty").inc()
+            if claimed and self._on_claimed is not None:
+                self._on_claimed(claimed.total())
             if rows and rows[0]["limits_active"] and not limited:
                 # The database has a limit this worker's config does not show yet: claim again
                 # at once with the accounting (nothing but control was taken; nothing is dry).

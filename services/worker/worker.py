@@ -6,6 +6,7 @@ The parts, one job each (docs/architecture.md has the picture):
 - ``outcomes.py``: the outcome queue and the finish loop that writes it.
 - ``heartbeat.py``: one statement per tick (worker row = the leases, sweep, cancels, config).
 - ``pruner.py``: retention: deletes finished tasks and old rows in bounded batches.
+- ``vacuum.py``: vacuums the tasks table when the dead entries the claims walk pile up.
 - ``config_follower.py``: reads and applies new runtime config versions.
 - ``config_update.py``: the control-lane task that writes a version and follows convergence.
 - ``listener.py``: LISTEN on a dedicated connection, reconnecting with backoff.
@@ -60,6 +61,7 @@ from taskfleet.worker.readiness import ReadinessInputs, not_ready_reasons
 from taskfleet.worker.scheduler import Scheduler
 from taskfleet.worker.slots import Slots
 from taskfleet.worker.stopping import RECANCEL_SECONDS, stop_tasks
+from taskfleet.worker.vacuum import Vacuumer, direct_connect
 
 log = logging.getLogger("taskfleet.worker")
 
@@ -208,6 +210,7 @@ class Worker:
             types=[*self.task_types, RUNTIME_CONFIG_TASK_TYPE],
             stop=self._stop,
             clock=clock,
+            on_claimed=lambda tasks: self.vacuumer.claimed(tasks),
         )
         self.heartbeat = Heartbeat(
             settings=settings,
@@ -236,6 +239,14 @@ class Worker:
             database=self._prune_db,
             metrics=self.metrics,
             budget=settings.sweep_interval,
+            clock=clock,
+        )
+        # Its statistics read on the pruner's connection; VACUUM on a direct one of its own.
+        self.vacuumer = Vacuumer(
+            policy=settings.vacuum,
+            stats=self._prune_db,
+            connect=direct_connect(settings.listen_url),
+            metrics=self.metrics,
             clock=clock,
         )
         self.scheduler = Scheduler(
@@ -319,6 +330,7 @@ class Worker:
             asyncio.create_task(self.outcomes.run(), name="finish-loop"),
             asyncio.create_task(self.heartbeat.run(), name="tick-loop"),
             asyncio.create_task(self.pruner.run(), name="prune-loop"),
+            asyncio.create_task(self.vacuumer.run(), name="vacuum-loop"),
         ]
         self._scheduler_loop = asyncio.create_task(self.scheduler.run(), name="scheduler")
         self._loops.append(self._scheduler_loop)

@@ -29,6 +29,25 @@ async def test_drain_harness_drains_taskfleet(pg_server_url: str) -> None:
     assert window.seconds > 0
 
 
+async def test_deep_drain_harness_reports_every_tenth(pg_server_url: str) -> None:
+    import argparse
+
+    from bench.deep_drain import measure
+
+    result = await measure(
+        argparse.Namespace(
+            tasks=2_000,
+            concurrency=10,
+            vacuum_dead_rows=0,
+            timeout=120,
+            database_url=pg_server_url,
+        )
+    )
+    assert len(result["tenths_per_second"]) == 10
+    assert result["vacuums"] == 0  # off: the worker ran none
+    assert result["tasks_per_second"] > 0
+
+
 async def test_pickup_harness_stamps_every_handler_start(pg_server_url: str) -> None:
     from bench.latency import measure_pickup
 

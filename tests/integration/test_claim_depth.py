@@ -95,18 +95,17 @@ def _buffers(node: dict[str, Any]) -> int:
     return int(node.get("Shared Hit Blocks", 0)) + int(node.get("Shared Read Blocks", 0))
 
 
-def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield node
     for child in node.get("Plans", []):
-        yield from _nodes(child)
+        yield from plan_nodes(child)
 
 
-async def claim_buffers(
+async def explain_claim(
     conn: asyncpg.Connection, query: q.Query = q.task_claim, **params: Any
-) -> tuple[int, int, int]:
-    """One real claim (``query``) run by ``EXPLAIN (ANALYZE, BUFFERS)`` in a transaction rolled
-    back (the seed stays as it is): buffers of the whole statement (shared hit + read), buffers
-    of its reads (everything but the writes of the claimed and finished rows), rows returned."""
+) -> dict[str, Any]:
+    """The plan of one real claim (``query``, nothing asked unless ``params`` say so) run by
+    ``EXPLAIN (ANALYZE, BUFFERS)`` in a transaction rolled back (the seed stays as it is)."""
     sql, args = query.positional(
         {
             **outcome_params([]),
@@ -131,10 +130,20 @@ async def claim_buffers(
     finally:
         await transaction.rollback()
     (doc,) = json.loads(raw) if isinstance(raw, str) else raw
-    plan = doc["Plan"]
+    plan: dict[str, Any] = doc["Plan"]
+    return plan
+
+
+async def claim_buffers(
+    conn: asyncpg.Connection, query: q.Query = q.task_claim, **params: Any
+) -> tuple[int, int, int]:
+    """One real claim (:func:`explain_claim`): buffers of the whole statement (shared hit +
+    read), buffers of its reads (everything but the writes of the claimed and finished rows),
+    rows returned."""
+    plan = await explain_claim(conn, query, **params)
     writes = sum(
         _buffers(node)
-        for node in _nodes(plan)
+        for node in plan_nodes(plan)
         if node.get("Subplan Name") in ("CTE claimed", "CTE finished")
     )
     total = _buffers(plan)
