@@ -35,6 +35,9 @@ VACUUM_TIMEOUT = 600.0
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
 
+#: SQLSTATE of VACUUM's warning that SKIP_LOCKED skipped the table (its lock was held).
+LOCK_NOT_AVAILABLE = "55P03"
+
 
 class Statements(Protocol):
     """Where the statistics are read (the worker's :class:`Database`)."""
@@ -112,9 +115,20 @@ class Vacuumer:
                     "(docs/operations.md#vacuum)"
                 )
                 return False
+            skipped: list[str] = []
+
+            def on_message(_: object, message: asyncpg.PostgresLogMessage) -> None:
+                if getattr(message, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                    skipped.append(str(message))
+
+            conn.add_log_listener(on_message)
             await conn.execute(queries.TASKS_VACUUM, timeout=VACUUM_TIMEOUT + 5)
+            await asyncio.sleep(0)  # the listener runs at the loop's next turn
         finally:
             await self._close(conn)
+        if skipped:
+            # Another vacuum of the table (or a migration) held its lock: that one does it.
+            return False
         self.vacuums += 1
         self._metrics.vacuums.inc()
         log.debug(

@@ -148,6 +148,23 @@ async def test_below_the_threshold_nothing_is_vacuumed(
     assert await low.check()
 
 
+async def test_a_vacuum_already_holding_the_table_is_not_waited_for_nor_counted(
+    database_url: str, conn: asyncpg.Connection, stats: Database
+) -> None:
+    await drained_backlog(conn, pending=24_000, drained=6_000)  # 12,000 dead: due
+    vacuums = await vacuum_count(conn)
+    vac = vacuumer(database_url, stats)
+    # What another worker's VACUUM (or autovacuum, or an index build) holds on the table.
+    async with connected(database_url) as other, other.transaction():
+        await other.execute("LOCK TABLE taskfleet.tasks IN SHARE UPDATE EXCLUSIVE MODE")
+        assert not await asyncio.wait_for(vac.check(), 10.0)
+    assert vac.vacuums == 0
+    assert await vacuum_count(conn) == vacuums
+    # Free again: done now.
+    assert await vac.check()
+    assert vac.vacuums == 1
+
+
 async def test_a_role_that_may_not_vacuum_leaves_the_table_to_autovacuum(
     database_url: str, conn: asyncpg.Connection, stats: Database
 ) -> None:
