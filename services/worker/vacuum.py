@@ -61,6 +61,8 @@ class Vacuumer:
         self._metrics = metrics
         self._clock = clock
         self._claimed = 0
+        #: Dead row versions the last vacuum left (not yet removable), as its statistics said.
+        self._left_behind = 0
         self._due = asyncio.Event()
         #: False once the database said this role may not vacuum the table (said once in the log).
         self.enabled = policy.enabled
@@ -97,8 +99,16 @@ class Vacuumer:
         if not rows:
             return False  # no statistics for the table (track_counts off)
         state = rows[0]
+        dead = int(state["dead"])
+        if dead < self._left_behind:
+            self._left_behind = 0  # a later vacuum (another worker's, autovacuum) removed them
+        # Counted from what the last vacuum could not remove: dead rows an old snapshot still
+        # sees (a long transaction, a backup) stay dead through any number of vacuums, and each
+        # would read every index whole again for nothing.
         if not self._policy.due(
-            dead=int(state["dead"]), live=int(state["live"]), vacuum_running=state["running"]
+            dead=dead - self._left_behind,
+            live=int(state["live"]),
+            vacuum_running=state["running"],
         ):
             return False
         started = self._clock()
@@ -129,6 +139,8 @@ class Vacuumer:
         if skipped:
             # Another vacuum of the table (or a migration) held its lock: that one does it.
             return False
+        after = await self._stats.fetch(queries.tasks_vacuum_state)
+        self._left_behind = int(after[0]["dead"]) if after else 0
         self.vacuums += 1
         self._metrics.vacuums.inc()
         log.debug(
