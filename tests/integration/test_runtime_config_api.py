@@ -232,6 +232,16 @@ async def wait_for_outcome(client: httpx.AsyncClient, request_id: str) -> dict[s
             await asyncio.sleep(0.05)
 
 
+async def sent_twice(
+    client: httpx.AsyncClient, method: str, body: dict[str, Any]
+) -> tuple[httpx.Response, httpx.Response]:
+    """The same update sent twice without waiting (a client retrying): both accepted (202)."""
+    first = await client.request(method, "/runtime-config", params={"wait": "false"}, json=body)
+    again = await client.request(method, "/runtime-config", params={"wait": "false"}, json=body)
+    assert first.status_code == again.status_code == 202
+    return first, again
+
+
 async def wait_for_task(conn: asyncpg.Connection, task_id: int) -> asyncpg.Record:
     """The update task once it has finished."""
     async with asyncio.timeout(PATIENCE):
@@ -883,9 +893,7 @@ async def test_a_patch_reusing_a_request_id_for_other_changes_is_a_409(
     # It attached to the first PATCH's request and answered its outcome: the second change
     # (here a pause of the normal lane) was never made, and the caller was told it converged.
     body = {"maxStrictPercentage": 10, "requestID": "patch-once"}
-    first = await client.patch("/runtime-config", params={"wait": "false"}, json=body)
-    again = await client.patch("/runtime-config", params={"wait": "false"}, json=body)
-    assert first.status_code == again.status_code == 202
+    _, again = await sent_twice(client, "PATCH", body)
     assert again.json()["deduplicated"] is True
     clash = await client.patch(
         "/runtime-config",
@@ -904,9 +912,7 @@ async def test_a_retried_put_attaches_to_its_request_instead_of_enqueueing_again
     conn: asyncpg.Connection,
 ) -> None:
     body = {"maxStrictPercentage": 40, "requestID": "retry-me"}
-    first = await client.put("/runtime-config", params={"wait": "false"}, json=body)
-    again = await client.put("/runtime-config", params={"wait": "false"}, json=body)
-    assert first.status_code == again.status_code == 202
+    first, again = await sent_twice(client, "PUT", body)
     assert first.json()["deduplicated"] is False
     assert again.json()["deduplicated"] is True
     assert again.json()["task_id"] == first.json()["task_id"]
