@@ -16,7 +16,7 @@ from taskfleet.api.auth import require_role
 from taskfleet.api.database import Database, fetch_all, fetch_one
 from taskfleet.api.deps import get_database, get_registry
 from taskfleet.api.routing import guarded_route
-from taskfleet.api.schemas import ErrorList, ErrorMessage, ScheduleList, ScheduleOut
+from taskfleet.api.schemas import NO_NUL, ErrorList, ErrorMessage, ScheduleList, ScheduleOut
 from taskfleet.shared import queries as q
 from taskfleet.shared.policy.schedules import MAX_SCHEDULE_NAME_LENGTH, next_slot
 from taskfleet.shared.registry import TaskRegistry
@@ -112,6 +112,7 @@ async def list_schedules(
         str | None,
         Query(
             max_length=MAX_SCHEDULE_NAME_LENGTH,
+            pattern=NO_NUL,
             description="Only the schedules whose name sorts after this one, in the listing's "
             "order: the last name of a full page asks for the next page.",
         ),

@@ -46,6 +46,10 @@ __all__ = [
 ]
 
 
+# Query filters go to Postgres as text, which cannot hold NUL.
+NO_NUL = r"^[^\x00]*$"
+
+
 class TaskBatchIn(BaseModel):
     """Up to 1,000 tasks, inserted in one transaction or not at all.
 

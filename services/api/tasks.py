@@ -27,6 +27,7 @@ from taskfleet.api.schemas import (
     MAX_LABEL_LENGTH,
     MAX_PAYLOAD_BYTES,
     MAX_TYPE_LENGTH,
+    NO_NUL,
     ErrorList,
     ErrorMessage,
     SubmittedTask,
@@ -60,9 +61,6 @@ BATCH_BODY_LIMIT = MAX_BATCH * TASK_BODY_LIMIT
 WAIT_FIRST_POLL = 0.02
 WAIT_MAX_POLL = 0.5
 WAIT_MAX_TIMEOUT = 300.0
-
-# Query filters go to Postgres as text, which cannot hold NUL.
-NO_NUL = r"^[^\x00]*$"
 
 SUBMIT = Depends(require_role("submit"))
 ADMIN = Depends(require_role("admin"))
