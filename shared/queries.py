@@ -1247,9 +1247,14 @@ TASKS_VACUUM = "VACUUM (INDEX_CLEANUP ON, SKIP_LOCKED) taskfleet.tasks"
 # Workers
 # --------------------------------------------------------------------------------------------
 
+# How many other workers are alive (policy/outcome_path.py: a lone worker writes its outcomes
+# at once). The workers table holds a few rows per process start; a scan of it is cheap.
+_OTHER_LIVE_WORKERS = f"""(SELECT count(*) FROM taskfleet.workers w
+                          WHERE w.id <> CAST(:id AS text) AND {_ALIVE})"""
+
 worker_register = _query(
     "worker_register",
-    """
+    f"""
     INSERT INTO taskfleet.workers AS w
         (id, hostname, pid, concurrency, status, started_at, last_heartbeat, heartbeat_interval,
          lease_ttl, applied_config_version, metrics_port, task_types, tags)
@@ -1271,7 +1276,7 @@ worker_register = _query(
     WHERE NOT (w.status IN ('online', 'draining')
                AND w.last_heartbeat > now() - 3 * w.heartbeat_interval * interval '1 second'
                AND (w.hostname, w.pid) <> (EXCLUDED.hostname, EXCLUDED.pid))
-    RETURNING w.id
+    RETURNING w.id, {_OTHER_LIVE_WORKERS} AS other_live_workers
     """,
 )
 
@@ -1408,6 +1413,9 @@ worker_tick = _query(
     UNION ALL SELECT 'schedule', NULL,
         CAST((SELECT EXTRACT(EPOCH FROM min(s.next_run_at) - now())
               FROM taskfleet.schedules s) AS text)
+    -- How many other workers are alive (policy/outcome_path.py).
+    UNION ALL SELECT 'peers', count(*), NULL FROM taskfleet.workers w
+        WHERE w.id <> CAST(:worker_id AS text) AND {_ALIVE}
     -- The schema's revision: a worker claims nothing on a schema it was not written for.
     UNION ALL SELECT 'schema', NULL,
         (SELECT string_agg(v.version_num, ',' ORDER BY v.version_num)

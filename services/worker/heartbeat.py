@@ -47,6 +47,8 @@ class TickHandlers:
     prune_due: Callable[[], None]
     #: Seconds until the earliest schedule's next slot (None: there is no schedule).
     schedule_wait: Callable[[float | None], None]
+    #: How many other workers are alive.
+    peers: Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,8 @@ class Heartbeat:
                 elif kind == "schedule":
                     wait = row["status"]
                     self._handlers.schedule_wait(float(wait) if wait is not None else None)
+                elif kind == "peers":
+                    self._handlers.peers(int(row["id"]))
                 elif kind == "schema":
                     found = row["status"]
                     self._handlers.schema_revisions(found.split(",") if found else [])

@@ -2,8 +2,10 @@
 
 A finished attempt becomes an :class:`Outcome` in the queue. Outcomes ride along with the next
 claim when the claim loop is about to claim anyway (one round trip for both); otherwise the finish
-loop writes everything queued in one statement. Nothing is dropped: a failed write puts the batch
-back and is retried with backoff.
+loop writes everything queued in one statement. A worker that is alone in the fleet writes them
+at once instead, while its next claim runs (``at_once``: policy/outcome_path.py says why); a
+claim then carries only what arrived while the finish loop was writing. Nothing is dropped: a
+failed write puts the batch back and is retried with backoff.
 
 An outcome is counted (``taskfleet_task_outcomes_total``) when, and only when, the database
 accepted its write: the statements are fenced by (id, worker, attempt, status running) and
@@ -107,13 +109,15 @@ class OutcomeWriter:
         self._flushing = False
         #: True while the claim loop will claim soon (outcomes can ride along with the claim).
         self.claim_pending = True
+        #: Write outcomes at once rather than with the next claim (policy/outcome_path.py).
+        self.at_once = False
         self._stopping = False
 
     # ---------------------------------------------------------------- the queue
 
     def put(self, outcome: Outcome) -> None:
         self._queue.append(outcome)
-        if not self.claim_pending or self._stopping:
+        if self.at_once or not self.claim_pending or self._stopping:
             # Otherwise it rides the next claim; a claim loop that goes to wait instead says so
             # (claim_waiting), which wakes the finish loop then.
             self._event.set()
@@ -130,7 +134,10 @@ class OutcomeWriter:
 
     def take_for_claim(self) -> list[Outcome]:
         """Outcomes to write with the next claim (drain releases go by ``task_release``). The
-        caller hands them back: :meth:`settled` once the claim returned, else :meth:`put_back`."""
+        caller hands them back: :meth:`settled` once the claim returned, else :meth:`put_back`.
+        Written at once, they are left to the finish loop unless it is busy writing others."""
+        if self.at_once and not self._flushing:
+            return []
         taken = [o for o in self._queue if o.status != RELEASED and not o.alone]
         if taken:
             self._queue = [o for o in self._queue if o.status == RELEASED or o.alone]
@@ -169,6 +176,12 @@ class OutcomeWriter:
     def kick(self) -> None:
         self._event.set()
 
+    def write_at_once(self, at_once: bool) -> None:
+        """From now on, write outcomes at once (True) or let the next claim carry them."""
+        self.at_once = at_once
+        if at_once and self._queue:
+            self._event.set()
+
     # ---------------------------------------------------------------- writing
 
     async def run(self) -> None:
@@ -177,7 +190,9 @@ class OutcomeWriter:
             await self._event.wait()
             self._event.clear()
             alone = any(o.alone for o in self._queue)
-            if not self._queue or (self.claim_pending and not self._stopping and not alone):
+            if not self._queue or (
+                self.claim_pending and not self.at_once and not self._stopping and not alone
+            ):
                 # The claim loop is about to claim: the outcomes ride along in that statement.
                 continue
             batch, self._queue = self._queue, []

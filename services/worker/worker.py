@@ -39,6 +39,7 @@ from taskfleet.shared.migrations import head_revision, known_revisions, schema_p
 from taskfleet.shared.policy.backoff import BackoffPolicy, LoopBackoff
 from taskfleet.shared.policy.claim_plan import ClaimPlanner
 from taskfleet.shared.policy.lanes import RUNTIME_CONFIG_TASK_TYPE
+from taskfleet.shared.policy.outcome_path import outcomes_at_once
 from taskfleet.shared.registry import TaskRegistry
 from taskfleet.shared.schema import WorkerStatus
 from taskfleet.shared.settings import WorkerSettings
@@ -227,6 +228,7 @@ class Worker:
                 schema_revisions=self._schema_seen,
                 prune_due=lambda: self.pruner.due(),
                 schedule_wait=lambda wait: self.scheduler.next_due_in(wait),
+                peers=self._fleet_seen,
             ),
             clock=clock,
         )
@@ -443,6 +445,8 @@ class Worker:
             task_types=self.task_types,
             tags=list(self.settings.worker_tags),
         )
+        if rows:
+            self._fleet_seen(int(rows[0]["other_live_workers"]))
         return bool(rows)
 
     def _refuse_duplicate(self, owner: Any) -> None:
@@ -594,6 +598,17 @@ class Worker:
             # Running, or finished with the outcome not yet written: the lease stays ours.
             held=[*self.slots.held(), *self.outcomes.held()],
         )
+
+    def _fleet_seen(self, other_live_workers: int) -> None:
+        """At registration and every tick: a lone worker writes its outcomes at once."""
+        at_once = outcomes_at_once(other_live_workers)
+        if at_once != self.outcomes.at_once:
+            log.info(
+                "%s other live worker(s): outcomes are written %s",
+                other_live_workers,
+                "at once, while the next claim runs" if at_once else "with the next claim",
+            )
+            self.outcomes.write_at_once(at_once)
 
     def _control_pending(self) -> None:
         self.claim_loop.hint_control()

@@ -192,16 +192,6 @@ async def test_a_worker_whose_row_disappeared_registers_again(database_url: str)
         assert worker.status == "running"
 
 
-async def _waits_on_a_lock(conn: asyncpg.Connection, application_name: str) -> bool:
-    return bool(
-        await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = $1 AND wait_event_type = 'Lock'",
-            application_name,
-        )
-    )
-
-
 async def test_a_drain_lets_a_claim_in_flight_finish_and_loses_nothing_it_carried(
     database_url: str,
 ) -> None:
@@ -235,7 +225,7 @@ async def test_a_drain_lets_a_claim_in_flight_finish_and_loses_nothing_it_carrie
                     Outcome(other, 1, "completed", result='{"n": 1}', type="demo.echo")
                 )
                 await kit.wait_until(
-                    lambda: _waits_on_a_lock(conn, "taskfleet-worker-io"), "the finish waits"
+                    lambda: kit.waits_on_a_lock(conn, "taskfleet-worker-io"), "the finish waits"
                 )
                 # ... so the next outcome rides the next claim, which waits on its row too, and
                 # claims a task that is ready (inserted without a wake-up: only we wake it).
@@ -248,7 +238,7 @@ async def test_a_drain_lets_a_claim_in_flight_finish_and_loses_nothing_it_carrie
                 )
                 worker.claim_loop.on_task_ready(None, control=False)
                 await kit.wait_until(
-                    lambda: _waits_on_a_lock(conn, "taskfleet-worker-claim"), "the claim waits"
+                    lambda: kit.waits_on_a_lock(conn, "taskfleet-worker-claim"), "the claim waits"
                 )
                 worker.request_stop()
                 await kit.wait_until(lambda: worker.status == "draining", "draining")
@@ -272,8 +262,11 @@ async def test_readiness_needs_a_claim_loop_that_makes_progress(database_url: st
     from taskfleet.worker.outcomes import Outcome
 
     async with kit.connect(database_url) as conn, kit.connect(database_url) as blocker:
+        # In a fleet, so the next claim carries the outcome (a lone worker writes it at once).
+        await kit.set_live_peer(conn, alive=True)
         worker = kit.build_worker(database_url, poll_interval=30.0)
         async with kit.running_worker(database_url, worker=worker):
+            assert not worker.outcomes.at_once
             assert worker.not_ready_reasons() == []
             (held,) = await kit.submit(conn, "demo.echo", [{}], delay=3600)
             await conn.execute(
@@ -289,7 +282,7 @@ async def test_readiness_needs_a_claim_loop_that_makes_progress(database_url: st
                 worker.outcomes.put(Outcome(held, 1, "completed", result="{}", type="demo.echo"))
                 worker.claim_loop.hint_work()
                 await kit.wait_until(
-                    lambda: _waits_on_a_lock(conn, "taskfleet-worker-claim"), "the claim waits"
+                    lambda: kit.waits_on_a_lock(conn, "taskfleet-worker-claim"), "the claim waits"
                 )
                 await kit.wait_until(
                     lambda: any("in flight" in r for r in worker.not_ready_reasons()),

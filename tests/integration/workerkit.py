@@ -523,6 +523,30 @@ async def worker_row(conn: asyncpg.Connection, worker_id: str) -> asyncpg.Record
     return row
 
 
+async def waits_on_a_lock(conn: asyncpg.Connection, application_name: str) -> bool:
+    """A backend of this database with that application name waits on a lock."""
+    return bool(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = $1 AND wait_event_type = 'Lock'",
+            application_name,
+        )
+    )
+
+
+async def set_live_peer(conn: asyncpg.Connection, alive: bool, worker_id: str = "peer") -> None:
+    """Another worker's row, alive (a heartbeat an hour long: it stays alive through the test)
+    or offline: what a worker counts as the rest of the fleet (policy/outcome_path.py)."""
+    await conn.execute(
+        "INSERT INTO taskfleet.workers (id, hostname, pid, concurrency, status, started_at,"
+        " last_heartbeat, heartbeat_interval, lease_ttl)"
+        " VALUES ($1, 'peer-host', 1, 4, $2, now(), now(), 3600, 30)"
+        " ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status, last_heartbeat = now()",
+        worker_id,
+        "online" if alive else "offline",
+    )
+
+
 async def terminate_worker_backends(
     conn: asyncpg.Connection, prefix: str = "taskfleet-worker"
 ) -> int:
