@@ -123,16 +123,6 @@ async def test_a_cancel_before_an_attempts_first_step_still_frees_its_slot() -> 
     assert (outcome.id, outcome.attempt, outcome.status) == (7, 1, "cancelled")
 
 
-async def _waiting_on_a_lock(conn: asyncpg.Connection, application_name: str) -> bool:
-    return bool(
-        await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = $1 AND wait_event_type = 'Lock'",
-            application_name,
-        )
-    )
-
-
 async def test_a_slow_outcome_write_does_not_cost_the_other_tasks_their_leases(
     database_url: str,
 ) -> None:
@@ -151,7 +141,7 @@ async def test_a_slow_outcome_write_does_not_cost_the_other_tasks_their_leases(
                 await kit.wait_until(lambda: worker.status == "draining", "draining")
                 gate_a.open.set()
                 await kit.wait_until(
-                    lambda: _waiting_on_a_lock(conn, "taskfleet-worker-io"),
+                    lambda: kit.waits_on_a_lock(conn, "taskfleet-worker-io"),
                     "A's outcome write waits for the lock",
                 )
                 since = await conn.fetchval("SELECT now()")
@@ -188,7 +178,7 @@ async def _db_time_passed(conn: asyncpg.Connection, since: object, seconds: floa
 
 
 async def _an_io_statement_waits_on_a_lock(conn: asyncpg.Connection) -> bool:
-    return await _waiting_on_a_lock(conn, "taskfleet-worker-claim") or await _waiting_on_a_lock(
+    return await kit.waits_on_a_lock(conn, "taskfleet-worker-claim") or await kit.waits_on_a_lock(
         conn, "taskfleet-worker-io"
     )
 
