@@ -48,6 +48,8 @@ WORKDIR /home/taskfleet
 EXPOSE 8000 9100
 
 # Exec form: no shell in between, so SIGTERM from `docker stop` reaches taskfleet and a worker
-# drains (compose also runs an init process, `init: true`, that forwards it and reaps children).
+# drains. Something else must be PID 1 to reap what a killed process-isolated handler left behind:
+# compose runs an init (`init: true`), the Kubernetes worker pod shares its process namespace,
+# and a bare `docker run` needs `--init`.
 ENTRYPOINT ["taskfleet"]
 CMD ["--help"]

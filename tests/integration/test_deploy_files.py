@@ -464,6 +464,13 @@ def test_workers_drain_before_docker_kills_them(compose: dict[str, Any]) -> None
     assert grace > drain_timeout, "Docker would SIGKILL workers in the middle of draining"
 
 
+def test_an_init_process_reaps_the_workers_orphans(compose: dict[str, Any]) -> None:
+    # Without an init the worker is PID 1 of its container, and every process a killed
+    # process-isolated handler left behind would stay a zombie under it (Kubernetes: the
+    # worker pod shares its process namespace, test_k8s_manifests.py).
+    assert compose["services"]["worker"].get("init") is True
+
+
 def test_workers_scale_without_collisions(compose: dict[str, Any]) -> None:
     worker = compose["services"]["worker"]
     assert worker["deploy"]["replicas"] == 3

@@ -259,6 +259,15 @@ def test_workers_drain_before_kubernetes_kills_them(objects: list[dict[str, Any]
     assert grace >= drain_timeout + 10, (grace, drain_timeout)
 
 
+def test_something_reaps_the_workers_orphans(objects: list[dict[str, Any]]) -> None:
+    # A process-isolated handler's own children, orphaned when its process group is killed at a
+    # timeout, are re-parented to PID 1. The worker never waits for them: as PID 1 it would
+    # collect one zombie per such timeout. With a shared process namespace, the pod's pause
+    # container is PID 1 and reaps them (compose: `init: true`).
+    worker = one(objects, "Deployment", "taskfleet-worker")
+    assert worker["spec"]["template"]["spec"].get("shareProcessNamespace") is True
+
+
 def test_worker_disruption_budget_protects_the_workers(objects: list[dict[str, Any]]) -> None:
     worker = one(objects, "Deployment", "taskfleet-worker")
     pdb = one(objects, "PodDisruptionBudget", "taskfleet-worker")
