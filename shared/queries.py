@@ -1655,6 +1655,17 @@ schedule_declare = _query(
     """,
 )
 
+schedule_retire_code = _query(
+    "schedule_retire_code",
+    # A worker starting with task types whose code no longer declares a schedule: the code
+    # schedules named after them go (one set over the API stays: the operator's).
+    """
+    DELETE FROM taskfleet.schedules s
+    WHERE s.source = 'code' AND s.name = ANY(CAST(:names AS text[])) AND s.type = s.name
+    RETURNING s.name
+    """,
+)
+
 schedule_get = _query(
     "schedule_get",
     f"SELECT {_SCHEDULE_COLUMNS} FROM taskfleet.schedules s WHERE s.name = CAST(:name AS text)",

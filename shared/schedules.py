@@ -233,6 +233,16 @@ def schedule_out(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def undeclared_types(registry: TaskRegistry) -> list[str]:
+    """The registry's task types that declare no schedule: a code schedule still stored under
+    one of these names was removed from the code (a code schedule is named after its type)."""
+    return sorted(
+        name
+        for name in registry.names()
+        if (definition := registry.get(name)) is not None and definition.schedule is None
+    )
+
+
 def code_schedules(registry: TaskRegistry) -> list[tuple[str, ScheduleSubmission]]:
     """The schedules the registry's ``@task(..., schedule=... | every=...)`` declare, each
     named after its task type, with an empty payload and the default task fields."""

@@ -34,6 +34,7 @@ from taskfleet.shared.schedules import (
     code_schedules,
     schedule_params,
     stored_timing,
+    undeclared_types,
 )
 from taskfleet.worker.database import DATABASE_ERRORS, Database
 
@@ -139,6 +140,11 @@ class Scheduler:
                 written = await self._db.fetch(queries.schedule_declare, **params)
                 if written:
                     log.info("declared schedule %s", name)
+        removed = await self._db.fetch(
+            queries.schedule_retire_code, names=undeclared_types(self._registry)
+        )
+        for row in removed:
+            log.info("removed schedule %s: its task type no longer declares one", row["name"])
         self.declared.set()
 
     async def fire_due(self) -> float | None:

@@ -413,6 +413,32 @@ async def test_code_schedules_are_declared_and_an_api_one_wins(
     assert row["every"] == "10m" and row["source"] == "code"
 
 
+async def test_a_schedule_removed_from_the_code_is_removed_at_the_next_worker_start(
+    client: httpx.AsyncClient, conn: asyncpg.Connection, database_url: str
+) -> None:
+    # It kept firing for ever: nothing but a DELETE ever removed a code schedule.
+    await scheduler(database_url, code_registry(every="10m")).declare()
+
+    other = TaskRegistry()  # another worker's modules: they do not know report.nightly
+
+    @other.task("report.weekly", params=Nothing)
+    async def weekly(params: Nothing) -> None:
+        return None
+
+    await scheduler(database_url, other).declare()
+    assert await conn.fetchval("SELECT count(*) FROM taskfleet.schedules") == 1
+
+    # A worker whose code still has the type but no longer declares its schedule removes it.
+    await scheduler(database_url, code_registry()).declare()
+    assert await conn.fetchval("SELECT count(*) FROM taskfleet.schedules") == 0
+
+    # One set over the API is the operator's: it stays.
+    assert (await put(client, "report.nightly", every="5m")).status_code == 201
+    await scheduler(database_url, code_registry()).declare()
+    row = await conn.fetchrow("SELECT * FROM taskfleet.schedules")
+    assert row["every"] == "5m" and row["source"] == "api"
+
+
 async def test_a_code_schedule_that_cannot_be_declared_leaves_the_others_firing(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
