@@ -924,11 +924,63 @@ _PROBES = f"""
 """
 
 
-def _claim_sql(*, limited: bool, probes: bool = True) -> str:
+# The claim's parts that the normal-only claim (task_claim_normal) leaves out: the outcomes it
+# carries, the control and strict lanes, and the outcomes' answer.
+_FINISHED_CTE = f"""
+    -- Outcomes of attempts finished since the last claim: written in this same round trip.
+    finished AS (
+        UPDATE taskfleet.tasks t
+        {_FINISH_SET}
+        RETURNING t.id, t.status, t.attempts AS attempt
+    ),
+"""
+
+
+def _control_and_strict(strict_columns: str) -> str:
+    return f"""
+    -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
+    -- cap, into the worker's extra control slot (control_limit is 0 or 1). Never paused, never
+    -- limited, never routed.
+    control AS (
+        SELECT t.id FROM taskfleet.tasks t
+        WHERE t.status = 'pending' AND t.priority = {CONTROL_PRIORITY} AND t.run_after <= now()
+          AND t.type = ANY(CAST(:types AS text[]))
+        ORDER BY t.priority DESC, t.created_at, t.id
+        LIMIT CAST(:control_limit AS int)
+        FOR UPDATE SKIP LOCKED
+    ),
+    -- Strict lane: priority > 0, up to the free strict slots (cap minus strict in flight).
+    -- Every lane takes only the types this worker has handlers for (:types): a type it does
+    -- not know stays pending for a worker that does (a rolling deploy's new types).
+    strict AS (
+        SELECT t.id{strict_columns} FROM taskfleet.tasks t
+        WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
+          AND {_CLAIMABLE}
+        ORDER BY t.priority DESC, t.created_at, t.id
+        LIMIT CAST(:strict_limit AS int)
+        FOR UPDATE SKIP LOCKED
+    ),
+"""
+
+
+_FINISHED_ARRAYS = """ARRAY(SELECT finished.id FROM finished ORDER BY finished.id) AS finished_ids,
+           -- The status each was given (the outcome counters count what was written).
+           ARRAY(SELECT finished.status FROM finished ORDER BY finished.id)
+               AS finished_statuses,
+           -- And for which attempt (the same task can be written for one of two).
+           ARRAY(SELECT finished.attempt FROM finished ORDER BY finished.id)
+               AS finished_attempts,"""
+
+
+def _claim_sql(*, limited: bool, probes: bool = True, normal_only: bool = False) -> str:
     """The claim statement; ``limited``: with the fleet-wide label limits' accounting;
-    ``probes``: with the answers about what came back short (see :data:`_PROBES`)."""
+    ``probes``: with the answers about what came back short (see :data:`_PROBES`);
+    ``normal_only``: the normal lane alone, carrying no outcomes (see
+    :data:`task_claim_normal`)."""
     if limited and not probes:
         raise ValueError("the limited claim always probes")
+    if normal_only and (limited or probes):
+        raise ValueError("the normal-only claim neither probes nor keeps the limits")
     if probes:
         waiting = "waiting.strict_waiting, waiting.normal_waiting"
         contended = "contended.groups AS contended_groups, waiting.strict_contended"
@@ -957,37 +1009,24 @@ def _claim_sql(*, limited: bool, probes: bool = True) -> str:
     # The limits' accounting ranks the picks by label: it needs their labels and claim order.
     strict_columns = ", t.labels, t.priority, t.weight, t.created_at" if limited else ""
     normal_columns = ", t.labels, t.weight, t.created_at" if limited else ""
+    if normal_only:
+        finished_cte = control_and_strict = ""
+        picks = "SELECT id FROM normal"
+        finished_arrays = (
+            "ARRAY[]::bigint[] AS finished_ids, ARRAY[]::text[] AS finished_statuses,\n"
+            "           ARRAY[]::int[] AS finished_attempts,"
+        )
+    else:
+        finished_cte = _FINISHED_CTE
+        control_and_strict = _control_and_strict(strict_columns)
+        picks = (
+            "SELECT id FROM control UNION ALL SELECT id FROM strict\n"
+            "                               UNION ALL SELECT id FROM normal"
+        )
+        finished_arrays = _FINISHED_ARRAYS
     return f"""
     WITH
-    -- Outcomes of attempts finished since the last claim: written in this same round trip.
-    finished AS (
-        UPDATE taskfleet.tasks t
-        {_FINISH_SET}
-        RETURNING t.id, t.status, t.attempts AS attempt
-    ),
-{limit_head}
-    -- Control lane: the runtime-config task. Claimed before anything else, outside the strict
-    -- cap, into the worker's extra control slot (control_limit is 0 or 1). Never paused, never
-    -- limited, never routed.
-    control AS (
-        SELECT t.id FROM taskfleet.tasks t
-        WHERE t.status = 'pending' AND t.priority = {CONTROL_PRIORITY} AND t.run_after <= now()
-          AND t.type = ANY(CAST(:types AS text[]))
-        ORDER BY t.priority DESC, t.created_at, t.id
-        LIMIT CAST(:control_limit AS int)
-        FOR UPDATE SKIP LOCKED
-    ),
-    -- Strict lane: priority > 0, up to the free strict slots (cap minus strict in flight).
-    -- Every lane takes only the types this worker has handlers for (:types): a type it does
-    -- not know stays pending for a worker that does (a rolling deploy's new types).
-    strict AS (
-        SELECT t.id{strict_columns} FROM taskfleet.tasks t
-        WHERE t.status = 'pending' AND t.priority > 0 AND t.priority < {CONTROL_PRIORITY}
-          AND {_CLAIMABLE}
-        ORDER BY t.priority DESC, t.created_at, t.id
-        LIMIT CAST(:strict_limit AS int)
-        FOR UPDATE SKIP LOCKED
-    ),
+{finished_cte}{limit_head}{control_and_strict}
     -- Normal-lane quotas from the worker's weighted rotation: one row per group, its key as
     -- stored in tasks.group_key (NULL, the default group, is ''). A group whose key is an
     -- excluded label holds only excluded tasks: skipped without reading a row.
@@ -1030,8 +1069,7 @@ def _claim_sql(*, limited: bool, probes: bool = True) -> str:
         FROM (SELECT {taken_at} AS now) AS taken_at
         -- = ANY(ARRAY(...)) makes this a primary-key lookup; a join against the picks is
         -- planned as a hash join over the whole table once it grows (measured: 15 ms at 20k).
-        WHERE t.id = ANY(ARRAY(SELECT id FROM control UNION ALL SELECT id FROM strict
-                               UNION ALL SELECT id FROM normal{limit_except}))
+        WHERE t.id = ANY(ARRAY({picks}{limit_except}))
         RETURNING t.id, t.type, t.payload, t.priority, t.weight, t.labels, t.attempts,
                   t.max_attempts, t.timeout, t.cancel_requested, t.group_key, t.limit_labels,
                   CAST(EXTRACT(EPOCH FROM now() - GREATEST(t.created_at, t.run_after))
@@ -1041,13 +1079,7 @@ def _claim_sql(*, limited: bool, probes: bool = True) -> str:
     -- Always one row at least, so the probe result and the written outcomes come back when
     -- nothing was claimed.
     SELECT {waiting},
-           ARRAY(SELECT finished.id FROM finished ORDER BY finished.id) AS finished_ids,
-           -- The status each was given (the outcome counters count what was written).
-           ARRAY(SELECT finished.status FROM finished ORDER BY finished.id)
-               AS finished_statuses,
-           -- And for which attempt (the same task can be written for one of two).
-           ARRAY(SELECT finished.attempt FROM finished ORDER BY finished.id)
-               AS finished_attempts,
+           {finished_arrays}
            {contended},
            CAST(limit_wait.seconds AS float8) AS limit_wait_seconds,
            NOT (SELECT limits_off.ok FROM limits_off) AS limits_active,
@@ -1060,6 +1092,14 @@ task_claim = _query("task_claim", _claim_sql(limited=False))
 # The same claim without the probes, for a claim expected to get all it asks (the previous one
 # did): what it returns short is asked again with task_claim (ClaimPlan.probes).
 task_claim_steady = _query("task_claim_steady", _claim_sql(limited=False, probes=False))
+# The steady claim of the normal lane alone, carrying no outcomes: what a lone worker draining a
+# backlog sends (outcomes written at once, the strict lane dry, the control slot idle). Every
+# part of a statement costs executor set-up at each call, run or not: without the finished,
+# control and strict parts the claim's round trip is about a tenth shorter (docs/benchmarks.md,
+# "The normal-only claim").
+task_claim_normal = _query(
+    "task_claim_normal", _claim_sql(limited=False, probes=False, normal_only=True)
+)
 # The same claim with the accounting of the active label limits (docs/architecture.md).
 task_claim_limited = _query("task_claim_limited", _claim_sql(limited=True))
 

@@ -256,8 +256,12 @@ class ClaimLoop:
                 query = queries.task_claim_limited
                 if not plan.probes:
                     plan = replace(plan, probes=True)  # the limited claim always probes
+            elif plan.probes:
+                query = queries.task_claim
+            elif plan.control or plan.strict or outcomes:
+                query = queries.task_claim_steady
             else:
-                query = queries.task_claim if plan.probes else queries.task_claim_steady
+                query = queries.task_claim_normal
             try:
                 rows = await self._claim(
                     done,

@@ -163,16 +163,18 @@ async def test_claiming_the_small_group_reads_a_bounded_number_of_buffers(
     assert_bounded(total, reads, rows)
 
 
-async def test_the_steady_claim_of_either_group_reads_as_few(conn: asyncpg.Connection) -> None:
-    # The claim a worker sends while its claims come back full (no probes): the same bounds.
-    # Its picks are planned inside the claimed rows' update (a CTE referenced once is inlined),
-    # so claim_buffers() counts them as writes: the reads are the lane index's own buffers.
+@pytest.mark.parametrize("query", [q.task_claim_steady, q.task_claim_normal], ids=lambda q: q.name)
+async def test_the_steady_claim_of_either_group_reads_as_few(
+    conn: asyncpg.Connection, query: q.Query
+) -> None:
+    # The claim a worker sends while its claims come back full (no probes), and the same of the
+    # normal lane alone: the same bounds. Its picks are planned inside the claimed rows' update
+    # (a CTE referenced once is inlined), so claim_buffers() counts them as writes: the reads
+    # are the lane index's own buffers.
     for group in ("a", "b"):
-        total, _, rows = await claim_buffers(
-            conn, q.task_claim_steady, group_keys=[group], group_limits=[10]
-        )
+        total, _, rows = await claim_buffers(conn, query, group_keys=[group], group_limits=[10])
         assert rows == 10
-        plan = await explain_claim(conn, q.task_claim_steady, group_keys=[group], group_limits=[10])
+        plan = await explain_claim(conn, query, group_keys=[group], group_limits=[10])
         scans = [n for n in plan_nodes(plan) if n.get("Index Name") == "tasks_claim_normal_idx"]
         reads = sum(_buffers(n) for n in scans)
         assert 0 < reads <= MAX_READ_BUFFERS

@@ -279,7 +279,9 @@ async def test_the_planned_statement_claims_from_every_lane(conn: asyncpg.Connec
 
 
 @pytest.mark.parametrize(
-    "query", [q.task_claim, q.task_claim_steady, q.task_claim_limited], ids=lambda q: q.name
+    "query",
+    [q.task_claim, q.task_claim_steady, q.task_claim_normal, q.task_claim_limited],
+    ids=lambda q: q.name,
 )
 async def test_a_generic_plan_built_on_an_empty_table_reads_no_table_through(
     database_url: str, query: q.Query

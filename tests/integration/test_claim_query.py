@@ -566,6 +566,74 @@ async def test_the_steady_claim_takes_and_writes_exactly_what_the_claim_does(
     assert taken > 10 and finished > 10  # the comparison compared something
 
 
+@pytest.mark.parametrize("seed", range(3))
+async def test_the_normal_only_claim_takes_what_the_steady_claim_takes(
+    conn: asyncpg.Connection, seed: int
+) -> None:
+    """task_claim_normal is task_claim_steady for a plan that asks nothing of the control and
+    strict lanes and carries no outcomes (a lone worker draining a backlog): on random tables
+    (lanes, groups, weights, ties, types, future run_after, paused labels) and random quotas,
+    both take the same rows in the same order and answer the same; neither takes a strict or
+    control task."""
+    rng = random.Random(seed)
+    configured = sorted(rng.sample(ALPHABET, rng.randint(0, 4)))
+    await ensure_grouping(conn, configured)
+    await register_worker(conn, "w-normal")
+    specs = [
+        NewTask(
+            type=rng.choice(["demo.echo", "demo.echo", "demo.sleep", "other.type"]),
+            labels=rng.sample(ALPHABET + UNCONFIGURABLE, rng.randint(0, 3)),
+            weight=rng.randint(1, 3),
+            priority=rng.choice([0, 0, 0, 4, 9]),
+            delay=rng.choice([None, None, None, 3600.0]),
+        )
+        for _ in range(120)
+    ]
+    await set_created_at(
+        conn, {task_id: rng.randint(0, 3) for task_id in await insert_tasks(conn, specs)}
+    )
+    keys: list[GroupKey] = [*configured, None]
+    taken = 0
+    for _ in range(12):
+        params = {
+            **outcome_params([]),
+            "control_limit": 0,
+            "strict_limit": 0,
+            "group_keys": (picked := rng.sample(keys, rng.randint(1, len(keys)))),
+            "group_limits": [rng.randint(0, 5) for _ in picked],
+            "probe_strict": False,
+            "probe_normal": False,
+            "worker_id": "w-normal",
+            "lease_ttl": LEASE_TTL,
+            "types": ["demo.echo", "demo.sleep"],
+            "tags": [],
+            "paused_labels": rng.sample(ALPHABET, rng.randint(0, 1)),
+        }
+        answers: dict[str, list[asyncpg.Record]] = {}
+        for query in (q.task_claim_steady, q.task_claim_normal):
+            transaction = conn.transaction()
+            await transaction.start()
+            try:
+                answers[query.name] = await run(conn, query, **params)
+            finally:
+                await transaction.rollback()
+        steady, normal = answers["task_claim_steady"], answers["task_claim_normal"]
+        assert list(steady[0].keys()) == list(normal[0].keys())
+        moving = {"started_at", "lease_expires_at", "wait_seconds"}  # clocks of each run
+        assert [{k: v for k, v in r.items() if k not in moving} for r in steady] == [
+            {k: v for k, v in r.items() if k not in moving} for r in normal
+        ]
+        got = [r for r in normal if r["id"] is not None]
+        assert all(r["priority"] == 0 for r in got)
+        taken += len(got)
+        await run(conn, q.task_claim_normal, **params)  # take them, and go on from there
+    assert taken > 10  # the comparison compared something
+    strict_left = await conn.fetchval(
+        "SELECT count(*) FROM taskfleet.tasks WHERE status = 'pending' AND priority > 0"
+    )
+    assert strict_left == sum(1 for s in specs if s.priority > 0)
+
+
 #: The columns only the probes answer (the steady claim returns them as "nothing asked").
 ANSWERS = {"strict_waiting", "normal_waiting", "contended_groups", "strict_contended"}
 
