@@ -204,7 +204,7 @@ class ClaimLoop:
                     # (A general wake-up must not wake this wait, or the loop would spin.)
                     self._slots.freed.clear()
                     self._control_event.clear()
-                    self._outcomes.claim_waiting()
+                    self._outcomes.claim_waiting(slots_full=True)
                     await self._wait_any(self._slots.freed, self._control_event, timeout=None)
                     self._outcomes.claim_pending = True
                     continue

@@ -4,8 +4,10 @@ A finished attempt becomes an :class:`Outcome` in the queue. Outcomes ride along
 claim when the claim loop is about to claim anyway (one round trip for both); otherwise the finish
 loop writes everything queued in one statement. A worker that is alone in the fleet writes them
 at once instead, while its next claim runs (``at_once``: policy/outcome_path.py says why); a
-claim then carries only what arrived while the finish loop was writing. Nothing is dropped: a
-failed write puts the batch back and is retried with backoff.
+claim then carries only what arrived while the finish loop was writing. "At once" gathers for a
+moment while the worker is busy (:data:`LINGER_SECONDS`): one statement then carries several
+claims' outcomes. Nothing is dropped: a failed write puts the batch back and is retried with
+backoff.
 
 An outcome is counted (``taskfleet_task_outcomes_total``) when, and only when, the database
 accepted its write: the statements are fenced by (id, worker, attempt, status running) and
@@ -16,6 +18,7 @@ rescued and runs elsewhere) is not counted here: its real outcome is counted whe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -34,6 +37,18 @@ log = logging.getLogger("taskfleet.worker")
 
 #: The status of a drain release: given back to pending, the attempt not counted.
 RELEASED = "released"
+
+#: A lone worker writes its outcomes on their own (``at_once``), but not in one statement per
+#: claim while it is busy: the finish loop gathers them for up to this long after the first, or
+#: until :data:`LINGER_CLAIMS` claims' worth are queued. Two statements for every ten tasks cost a
+#: drain's two cores more than the claims could spare; one statement for several claims' outcomes
+#: let the claims run alone (docs/benchmarks.md, "A lone worker's outcomes gathered"). Nothing
+#: waits once the worker has nothing to claim: an idle worker's outcome is written at once, and so
+#: is a runtime-config task's, a refused one, and everything at shutdown.
+LINGER_SECONDS = 0.005
+#: ... or until this many times the worker's concurrency are queued (at most LINGER_MAX_QUEUED).
+LINGER_CLAIMS = 5
+LINGER_MAX_QUEUED = 1000
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,7 @@ class OutcomeWriter:
         metrics: WorkerMetrics,
         *,
         on_retry_written: Callable[[], None],
+        concurrency: int = 1,
     ) -> None:
         self._db = database
         self._worker_id = worker_id
@@ -109,14 +125,31 @@ class OutcomeWriter:
         self._flushing = False
         #: True while the claim loop will claim soon (outcomes can ride along with the claim).
         self.claim_pending = True
+        #: The claim loop waits for a slot to free (claim_waiting(slots_full=True)).
+        self._slots_full = False
         #: Write outcomes at once rather than with the next claim (policy/outcome_path.py).
         self.at_once = False
+        #: While at once and busy: how long the first outcome waits for more, and how many
+        #: make the statement go out without waiting longer (LINGER_SECONDS, LINGER_CLAIMS).
+        self.linger = LINGER_SECONDS
+        self.linger_target = max(1, min(LINGER_MAX_QUEUED, LINGER_CLAIMS * concurrency))
         self._stopping = False
 
     # ---------------------------------------------------------------- the queue
 
     def put(self, outcome: Outcome) -> None:
         self._queue.append(outcome)
+        if self.at_once and not self._stopping:
+            # The first starts the finish loop's gathering; enough, one that must not wait (the
+            # runtime-config task's: its ACK waits for this write), or an idle claim loop ends it.
+            if (
+                len(self._queue) == 1
+                or len(self._queue) >= self.linger_target
+                or outcome.on_written is not None
+                or not self._claiming
+            ):
+                self._event.set()
+            return
         if self.at_once or not self.claim_pending or self._stopping:
             # Otherwise it rides the next claim; a claim loop that goes to wait instead says so
             # (claim_waiting), which wakes the finish loop then.
@@ -148,11 +181,20 @@ class OutcomeWriter:
         """The statement that carried ``outcomes`` returned: they are no longer in flight."""
         self._writing.difference_update((o.id, o.attempt) for o in outcomes)
 
-    def claim_waiting(self) -> None:
-        """The claim loop is about to wait: what it would have carried goes out on its own."""
+    def claim_waiting(self, *, slots_full: bool = False) -> None:
+        """The claim loop is about to wait: what it would have carried goes out on its own.
+        ``slots_full``: it waits for a slot to free, which a finishing task brings soon: outcomes
+        written at once go on gathering (nothing is written sooner by stopping now)."""
         self.claim_pending = False
-        if self._queue:
+        self._slots_full = slots_full
+        if self._queue and not (slots_full and self.at_once):
             self._event.set()
+
+    @property
+    def _claiming(self) -> bool:
+        """The claim loop is claiming, or waits only for a slot to free: outcomes written at
+        once may gather for a moment (more are coming)."""
+        return self.claim_pending or self._slots_full
 
     def held(self) -> list[tuple[int, int]]:
         """(task id, attempt) finished here whose outcome is not written yet, queued or in a
@@ -189,6 +231,18 @@ class OutcomeWriter:
         while True:
             await self._event.wait()
             self._event.clear()
+            if (
+                self.at_once
+                and self._claiming
+                and not self._stopping
+                and 0 < len(self._queue) < self.linger_target
+            ):
+                # Gathering: until enough are queued, the worker goes idle, a stop, or the
+                # linger is up (each of which sets the event).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.linger):
+                        await self._event.wait()
+                self._event.clear()
             alone = any(o.alone for o in self._queue)
             if not self._queue or (
                 self.claim_pending and not self.at_once and not self._stopping and not alone

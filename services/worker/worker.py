@@ -170,6 +170,7 @@ class Worker:
             self.id,
             self.metrics,
             on_retry_written=lambda: self.claim_loop.hint_work(),
+            concurrency=settings.concurrency,
         )
         self.config = ConfigFollower(
             worker_id=self.id,

@@ -5,8 +5,11 @@ statement carried the outcome."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
+from taskfleet.shared import queries
 from taskfleet.worker.outcomes import Outcome
 from taskfleet.worker.worker import Worker
 from tests.integration import workerkit as kit
@@ -97,3 +100,53 @@ async def test_the_path_follows_the_fleet_at_every_heartbeat(database_url: str) 
             (task,) = await kit.submit(conn, "demo.echo", [{"value": 1}])
             row = await kit.wait_task(conn, task)
             assert row["status"] == "completed"
+
+
+def _finish_statements(worker: Worker) -> list[int]:
+    """How many outcomes each finish statement of ``worker``'s outcome writer carried (a spy on
+    its real database calls)."""
+    sizes: list[int] = []
+    database = worker.outcomes._db
+    fetch = database.fetch
+
+    async def counting_fetch(query: queries.Query, **params: Any) -> list[asyncpg.Record]:
+        if query is queries.task_finish_batch:
+            sizes.append(len(params["fin_ids"]))
+        return await fetch(query, **params)
+
+    database.fetch = counting_fetch  # type: ignore[method-assign]
+    return sizes
+
+
+async def test_a_busy_lone_worker_writes_several_claims_outcomes_in_one_statement(
+    database_url: str,
+) -> None:
+    # One finish statement a claim cost a lone worker's drain the CPU its claims needed: while
+    # its slots are busy it gathers them (LINGER_CLAIMS claims' worth, or LINGER_SECONDS).
+    async with kit.connect(database_url) as conn:
+        worker = kit.build_worker(database_url, concurrency=4, poll_interval=30.0)
+        worker.outcomes.linger = 600.0  # here only a full batch or an idle loop ends a gathering
+        sizes = _finish_statements(worker)
+        async with kit.running_worker(database_url, worker=worker):
+            assert worker.outcomes.at_once
+            ids = await kit.submit(conn, "demo.echo", [{"value": i} for i in range(200)])
+            rows = await kit.wait_tasks(conn, ids)
+    assert {r["status"] for r in rows.values()} == {"completed"}
+    target = worker.outcomes.linger_target
+    assert target == 20  # LINGER_CLAIMS (5) times the concurrency
+    # Claims of at most 4 tasks: written after each claim, 50 statements or more. (A claim
+    # carries what finished while the finish loop was writing: not counted here.)
+    assert max(sizes) >= target and len(sizes) <= 200 // target + 5, sizes
+
+
+async def test_an_idle_lone_worker_writes_its_outcome_without_gathering(database_url: str) -> None:
+    # Nothing else is coming when the claim loop has nothing to claim: no waiting for more.
+    async with kit.connect(database_url) as conn:
+        worker = kit.build_worker(database_url, poll_interval=30.0)
+        worker.outcomes.linger = 600.0  # a gathering would outlast the wait below
+        async with kit.running_worker(database_url, worker=worker):
+            assert worker.outcomes.at_once
+            for value in range(3):
+                (task,) = await kit.submit(conn, "demo.echo", [{"value": value}])
+                row = await kit.wait_task(conn, task, timeout=20.0)
+                assert (row["status"], row["result"]) == ("completed", {"value": value})
