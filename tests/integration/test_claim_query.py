@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import asyncpg
 import pytest
@@ -494,18 +495,14 @@ async def test_sql_groups_and_quotas_match_the_pure_policy(
     assert strict_left == sum(1 for s in specs if s.priority > 0)
 
 
-@pytest.mark.parametrize("seed", range(4))
-async def test_the_steady_claim_takes_and_writes_exactly_what_the_claim_does(
-    conn: asyncpg.Connection, seed: int
-) -> None:
-    """task_claim_steady is task_claim without the probes (ClaimPlan.probes): on random tables
-    (lanes, groups, weights, ties, types, future run_after, running tasks to finish) and random
-    plans, both take the same rows in the same order and write the same outcomes; the steady
-    one answers no probe (the worker does not trust its shortfalls)."""
-    rng = random.Random(seed)
+async def _random_backlog(
+    conn: asyncpg.Connection, rng: random.Random, worker_id: str
+) -> tuple[list[GroupKey], list[NewTask], list[int]]:
+    """A random table for the claim variants' comparisons (lanes, groups, weights, ties, types,
+    future run_after) and a registered worker: the group keys to ask, the specs, the ids."""
     configured = sorted(rng.sample(ALPHABET, rng.randint(0, 4)))
     await ensure_grouping(conn, configured)
-    await register_worker(conn, "w-steady")
+    await register_worker(conn, worker_id)
     specs = [
         NewTask(
             type=rng.choice(["demo.echo", "demo.echo", "demo.sleep", "other.type"]),
@@ -518,39 +515,69 @@ async def test_the_steady_claim_takes_and_writes_exactly_what_the_claim_does(
     ]
     ids = await insert_tasks(conn, specs)
     await set_created_at(conn, {task_id: rng.randint(0, 3) for task_id in ids})
+    return [*configured, None], specs, ids
+
+
+def _random_plan(
+    rng: random.Random, keys: list[GroupKey], worker_id: str, *, strict_limit: int
+) -> dict[str, Any]:
+    """A claim's parameters but the outcomes: random groups, quotas and paused labels."""
+    return {
+        "control_limit": 0,
+        "strict_limit": strict_limit,
+        "group_keys": (picked := rng.sample(keys, rng.randint(1, len(keys)))),
+        "group_limits": [rng.randint(0, 5) for _ in picked],
+        "probe_strict": False,
+        "probe_normal": False,
+        "worker_id": worker_id,
+        "lease_ttl": LEASE_TTL,
+        "types": ["demo.echo", "demo.sleep"],
+        "tags": [],
+        "paused_labels": rng.sample(ALPHABET, rng.randint(0, 1)),
+    }
+
+
+async def _answers(
+    conn: asyncpg.Connection, queries: Sequence[q.Query], params: dict[str, Any]
+) -> list[list[dict[str, Any]]]:
+    """What each query answers to ``params``, each run in a transaction rolled back, without
+    the clocks of each run."""
+    moving = {"started_at", "lease_expires_at", "wait_seconds"}
+    answers = []
+    for query in queries:
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            rows = await run(conn, query, **params)
+        finally:
+            await transaction.rollback()
+        answers.append([{k: v for k, v in r.items() if k not in moving} for r in rows])
+    return answers
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_the_steady_claim_takes_and_writes_exactly_what_the_claim_does(
+    conn: asyncpg.Connection, seed: int
+) -> None:
+    """task_claim_steady is task_claim without the probes (ClaimPlan.probes): on random tables
+    (lanes, groups, weights, ties, types, future run_after, running tasks to finish) and random
+    plans, both take the same rows in the same order and write the same outcomes; the steady
+    one answers no probe (the worker does not trust its shortfalls)."""
+    rng = random.Random(seed)
+    keys, _, _ = await _random_backlog(conn, rng, "w-steady")
     running = await claim_ids(conn, worker_id="w-steady", strict=5, groups=[(None, 5)])
-    keys: list[GroupKey] = [*configured, None]
     taken = finished = 0
     for _ in range(12):
         outcomes = [(i, rng.choice(["completed", "failed", "pending"])) for i in running]
         params = {
             **outcome_params(outcomes, error="boom", attempts=[1] * len(outcomes)),
-            "control_limit": 0,
-            "strict_limit": rng.randint(0, 4),
-            "group_keys": (picked := rng.sample(keys, rng.randint(1, len(keys)))),
-            "group_limits": [rng.randint(0, 5) for _ in picked],
-            "probe_strict": False,
-            "probe_normal": False,
-            "worker_id": "w-steady",
-            "lease_ttl": LEASE_TTL,
-            "types": ["demo.echo", "demo.sleep"],
-            "tags": [],
-            "paused_labels": rng.sample(ALPHABET, rng.randint(0, 1)),
+            **_random_plan(rng, keys, "w-steady", strict_limit=rng.randint(0, 4)),
         }
-        answers: dict[str, list[asyncpg.Record]] = {}
-        for query in (q.task_claim, q.task_claim_steady):
-            transaction = conn.transaction()
-            await transaction.start()
-            try:
-                answers[query.name] = await run(conn, query, **params)
-            finally:
-                await transaction.rollback()
-        full, steady = answers["task_claim"], answers["task_claim_steady"]
+        full, steady = await _answers(conn, [q.task_claim, q.task_claim_steady], params)
         assert list(full[0].keys()) == list(steady[0].keys())
-        moving = {"started_at", "lease_expires_at", "wait_seconds"}  # clocks of each run
-        assert [
-            {k: v for k, v in r.items() if k not in moving and k not in ANSWERS} for r in full
-        ] == [{k: v for k, v in r.items() if k not in moving and k not in ANSWERS} for r in steady]
+        assert [{k: v for k, v in r.items() if k not in ANSWERS} for r in full] == [
+            {k: v for k, v in r.items() if k not in ANSWERS} for r in steady
+        ]
         taken += sum(1 for r in steady if r["id"] is not None)
         finished += len(steady[0]["finished_ids"])
         for row in steady:
@@ -572,57 +599,16 @@ async def test_the_normal_only_claim_takes_what_the_steady_claim_takes(
 ) -> None:
     """task_claim_normal is task_claim_steady for a plan that asks nothing of the control and
     strict lanes and carries no outcomes (a lone worker draining a backlog): on random tables
-    (lanes, groups, weights, ties, types, future run_after, paused labels) and random quotas,
-    both take the same rows in the same order and answer the same; neither takes a strict or
-    control task."""
+    and random quotas, both take the same rows in the same order and answer the same; neither
+    takes a strict or control task."""
     rng = random.Random(seed)
-    configured = sorted(rng.sample(ALPHABET, rng.randint(0, 4)))
-    await ensure_grouping(conn, configured)
-    await register_worker(conn, "w-normal")
-    specs = [
-        NewTask(
-            type=rng.choice(["demo.echo", "demo.echo", "demo.sleep", "other.type"]),
-            labels=rng.sample(ALPHABET + UNCONFIGURABLE, rng.randint(0, 3)),
-            weight=rng.randint(1, 3),
-            priority=rng.choice([0, 0, 0, 4, 9]),
-            delay=rng.choice([None, None, None, 3600.0]),
-        )
-        for _ in range(120)
-    ]
-    await set_created_at(
-        conn, {task_id: rng.randint(0, 3) for task_id in await insert_tasks(conn, specs)}
-    )
-    keys: list[GroupKey] = [*configured, None]
+    keys, specs, _ = await _random_backlog(conn, rng, "w-normal")
     taken = 0
     for _ in range(12):
-        params = {
-            **outcome_params([]),
-            "control_limit": 0,
-            "strict_limit": 0,
-            "group_keys": (picked := rng.sample(keys, rng.randint(1, len(keys)))),
-            "group_limits": [rng.randint(0, 5) for _ in picked],
-            "probe_strict": False,
-            "probe_normal": False,
-            "worker_id": "w-normal",
-            "lease_ttl": LEASE_TTL,
-            "types": ["demo.echo", "demo.sleep"],
-            "tags": [],
-            "paused_labels": rng.sample(ALPHABET, rng.randint(0, 1)),
-        }
-        answers: dict[str, list[asyncpg.Record]] = {}
-        for query in (q.task_claim_steady, q.task_claim_normal):
-            transaction = conn.transaction()
-            await transaction.start()
-            try:
-                answers[query.name] = await run(conn, query, **params)
-            finally:
-                await transaction.rollback()
-        steady, normal = answers["task_claim_steady"], answers["task_claim_normal"]
+        params = {**outcome_params([]), **_random_plan(rng, keys, "w-normal", strict_limit=0)}
+        steady, normal = await _answers(conn, [q.task_claim_steady, q.task_claim_normal], params)
         assert list(steady[0].keys()) == list(normal[0].keys())
-        moving = {"started_at", "lease_expires_at", "wait_seconds"}  # clocks of each run
-        assert [{k: v for k, v in r.items() if k not in moving} for r in steady] == [
-            {k: v for k, v in r.items() if k not in moving} for r in normal
-        ]
+        assert steady == normal
         got = [r for r in normal if r["id"] is not None]
         assert all(r["priority"] == 0 for r in got)
         taken += len(got)
